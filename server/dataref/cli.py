@@ -1,0 +1,89 @@
+"""``dataref serve | doctor | export | demo``: the command line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from .config import Settings, load_settings
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dataref", description=__doc__)
+    parser.add_argument("--config", help="TOML config file (default: $DATAREF_CONFIG)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the MCP server (stdio unless --http)")
+    serve.add_argument("--http", action="store_true", help="streamable HTTP at /mcp")
+    serve.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
+
+    sub.add_parser("doctor", help="check whether the kernel sandbox works on this machine")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"dataref: bad configuration: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "serve":
+        return serve(settings, http=args.http, host=args.host, port=args.port)
+    if args.command == "doctor":
+        return doctor(settings)
+    return 2
+
+
+def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:
+    from .app import create_app
+
+    announce_sandbox(settings)
+    if not http:
+        create_app(settings, "stdio").run(show_banner=False)
+        return 0
+    if not (settings.auth.tokens or settings.auth.jwks_uri or settings.auth.public_key):
+        print(
+            "dataref: refusing to serve HTTP without authentication - set [auth] tokens "
+            "or jwks_uri/issuer/audience (see README)",
+            file=sys.stderr,
+        )
+        return 2
+    mcp = create_app(settings, "http")
+    mcp.run(
+        transport="http",
+        host=host or settings.server.host,
+        port=port if port is not None else settings.server.port,
+        path="/mcp",
+        show_banner=False,
+    )
+    return 0
+
+
+def announce_sandbox(settings: Settings) -> None:
+    if settings.kernels.sandbox == "unsandboxed":
+        print(
+            "dataref: WARNING: kernels run UNSANDBOXED (kernels.sandbox = 'unsandboxed'): "
+            "agent code runs as this user with network and file access. "
+            "Use only for trusted, single-user development.",
+            file=sys.stderr,
+        )
+
+
+def doctor(settings: Settings) -> int:
+    from .kernels import check_sandbox
+
+    report = check_sandbox(settings)
+    print(f"sandbox mode: {report.mode}")
+    for line in report.details:
+        print(f"  ok: {line}")
+    for line in report.problems:
+        print(f"  PROBLEM: {line}")
+    print("sandbox works" if report.ok else "sandbox does NOT work here")
+    return 0 if report.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

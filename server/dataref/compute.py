@@ -1,0 +1,305 @@
+"""run_python: stage inputs, execute the agent's code, collect outputs and a small result.
+
+One call is one execute request. Its first line is a header the kernel profile strips before
+the code compiles (so tracebacks keep the agent's line numbers): it names the cell and the
+inputs to bind. After the code runs, even when it fails, the profile writes ``outputs`` as
+Arrow files, saves open figures as PNGs, serialises ``result`` and publishes a manifest.
+Everything the kernel writes is untrusted: sizes are checked here, files are opened without
+following links, and the manifest's numbers are never believed over the files themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import keyword
+import re
+import shutil
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from .describe import describe
+from .errors import ComputeError, InvalidRequest, LimitExceeded, human_bytes
+from .store import read_untrusted_arrow
+from .workspace import Workspace
+
+HEADER_PREFIX = "# dataref:"
+COLLECT_MIME = "application/vnd.dataref.collect+json"
+RESERVED_NAMES = frozenset({"outputs", "result", "dr", "In", "Out", "get_ipython", "exit", "quit"})
+MAX_CODE_BYTES = 512 * 1024
+MAX_TRACEBACK_CHARS = 1500
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+ProgressCallback = Callable[[float], Awaitable[None]]
+
+
+def validate_inputs(ws: Workspace, owner: str, inputs: dict[str, str]) -> dict[str, bool]:
+    """Check names and refs; returns {ref: sensitive} for the refs."""
+    if not isinstance(inputs, dict):
+        raise InvalidRequest('inputs must be an object {"name": "data_..."}')
+    sensitive: dict[str, bool] = {}
+    for name, ref in inputs.items():
+        if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+            raise InvalidRequest(f"input name {name!r} must be a Python identifier")
+        if name in RESERVED_NAMES or name.startswith("_"):
+            raise InvalidRequest(
+                f"input name {name!r} is reserved - choose another name "
+                f"(not {sorted(RESERVED_NAMES)} and not starting with '_')"
+            )
+        art = ws.store.get(owner, ref, kind="table")
+        sensitive[art.ref] = art.sensitive
+    return sensitive
+
+
+def clamp_timeout(ws: Workspace, timeout_s: float | None) -> float:
+    limits = ws.settings.compute
+    if timeout_s is None:
+        return limits.default_timeout_seconds
+    if not isinstance(timeout_s, (int, float)) or timeout_s <= 0:
+        raise InvalidRequest("timeout_s must be a positive number of seconds")
+    return min(float(timeout_s), limits.max_timeout_seconds)
+
+
+async def run_python(
+    ws: Workspace,
+    owner: str,
+    *,
+    code: str,
+    inputs: dict[str, str],
+    notebook: str | None,
+    timeout_s: float | None,
+    on_progress: ProgressCallback | None = None,
+) -> dict[str, Any]:
+    if not isinstance(code, str) or not code.strip():
+        raise InvalidRequest("code is empty - pass the Python to run")
+    if len(code.encode()) > MAX_CODE_BYTES:
+        raise InvalidRequest(f"code is larger than {human_bytes(MAX_CODE_BYTES)} - send less code")
+    ref_sensitive = validate_inputs(ws, owner, inputs)
+    handle = ws.transcripts.resolve(owner, notebook)
+    timeout = clamp_timeout(ws, timeout_s)
+    if ws.pool is None:
+        raise ComputeError("kernels are not running on this server - ask the operator")
+    kernel = await ws.pool.kernel(owner, handle)
+    async with kernel.lock:
+        cell_id = f"cell{time.time_ns():x}"
+        for ref in inputs.values():
+            await asyncio.to_thread(ws.store.link_into, owner, ref, kernel.inputs_dir)
+        header = HEADER_PREFIX + json.dumps(
+            {"cell": cell_id, "bind": inputs}, separators=(",", ":")
+        )
+        started = time.perf_counter()
+        execution = await kernel.execute(
+            header + "\n" + code, timeout_s=timeout, on_progress=on_progress
+        )
+        elapsed = time.perf_counter() - started
+        try:
+            response = await asyncio.to_thread(
+                collect,
+                ws,
+                owner,
+                handle,
+                cell_id,
+                kernel.outputs_dir,
+                execution,
+                inputs,
+                any(ref_sensitive.values()),
+            )
+        finally:
+            shutil.rmtree(Path(kernel.outputs_dir) / cell_id, ignore_errors=True)
+    response["notebook"] = handle
+    from .transcript import record_run_python
+
+    record_run_python(
+        ws.transcripts,
+        owner,
+        handle,
+        code=code,
+        inputs=inputs,
+        response=response,
+        elapsed_s=elapsed,
+    )
+    return response
+
+
+def collect(
+    ws: Workspace,
+    owner: str,
+    handle: str,
+    cell_id: str,
+    outputs_dir: Path,
+    execution: Any,
+    inputs: dict[str, str],
+    sensitive: bool,
+) -> dict[str, Any]:
+    """Turn an ExecutionResult into the compact response; store outputs and figures."""
+    manifest = _manifest(execution.displays)
+    response: dict[str, Any] = {"ok": execution.status == "ok", "result": None}
+    notes: list[str] = []
+    response["stdout"] = truncate_stream(
+        execution.stdout, execution.stderr, ws.settings.compute.stdout_max_bytes
+    )
+    response["error"] = describe_failure(execution)
+    if manifest is not None:
+        response["result"] = _result(manifest, ws.settings.compute.result_max_bytes, notes)
+        lineage = {
+            "tool": "run_python",
+            "notebook": handle,
+            "cell": cell_id,
+            "parents": sorted(set(inputs.values())),
+        }
+        cell_dir = Path(outputs_dir) / cell_id
+        response["outputs"] = _store_outputs(
+            ws, owner, cell_dir, manifest, lineage, sensitive, notes
+        )
+        charts = _store_figures(ws, owner, cell_dir, manifest, lineage, sensitive)
+        if charts:
+            response["charts"] = charts
+        notes.extend(str(e) for e in manifest.get("errors", [])[:5])
+    else:
+        response["outputs"] = {}
+    if notes:
+        response["notes"] = notes
+        if response["ok"] and any(n.startswith("result") or "outputs" in n for n in notes):
+            response["ok"] = response["error"] is None
+    return response
+
+
+def _manifest(displays: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for bundle in reversed(displays):
+        data = bundle.get(COLLECT_MIME)
+        if isinstance(data, dict):
+            return data
+        if isinstance(data, str):
+            with contextlib.suppress(ValueError):
+                return json.loads(data)
+    return None
+
+
+def _result(manifest: dict[str, Any], cap: int, notes: list[str]) -> Any:
+    text = manifest.get("result")
+    if text is None:
+        if manifest.get("result_error"):
+            notes.append(f"result: {str(manifest['result_error'])[:300]}")
+        return None
+    if not isinstance(text, str):
+        return None
+    size = len(text.encode())
+    if size > cap:
+        notes.append(
+            f"result withheld: {human_bytes(size)} of JSON > {human_bytes(cap)} cap - return fewer "
+            "items (e.g. .head(10), rounding) or put the table in outputs['name']"
+        )
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        notes.append("result could not be decoded as JSON - set result to plain values")
+        return None
+
+
+def _store_outputs(
+    ws: Workspace,
+    owner: str,
+    cell_dir: Path,
+    manifest: dict[str, Any],
+    lineage: dict[str, Any],
+    sensitive: bool,
+    notes: list[str],
+) -> dict[str, Any]:
+    described: dict[str, Any] = {}
+    names = manifest.get("outputs", [])
+    for name in names if isinstance(names, list) else []:
+        if not isinstance(name, str) or not name.isidentifier():
+            continue
+        try:
+            table = read_untrusted_arrow(
+                cell_dir / f"{name}.arrow", ws.settings.store.artifact_max_bytes
+            )
+            art = ws.store.put_table(
+                owner, table, lineage={**lineage, "output": name}, sensitive=sensitive
+            )
+        except (LimitExceeded, InvalidRequest) as exc:
+            notes.append(f"outputs[{name!r}] not stored: {exc}")
+            continue
+        except Exception:  # an unreadable or forged file: say so, keep the rest
+            notes.append(f"outputs[{name!r}] not stored: the kernel wrote an unreadable table")
+            continue
+        described[name] = describe(
+            art.ref, table, sample_rows=ws.settings.describe.output_sample_rows, sensitive=sensitive
+        )
+    return described
+
+
+def _store_figures(
+    ws: Workspace,
+    owner: str,
+    cell_dir: Path,
+    manifest: dict[str, Any],
+    lineage: dict[str, Any],
+    sensitive: bool,
+) -> list[dict[str, Any]]:
+    from .consumers import store_kernel_figure
+
+    charts = []
+    figures = manifest.get("figures", [])
+    for name in figures if isinstance(figures, list) else []:
+        if isinstance(name, str) and re.fullmatch(r"figure_\d+\.png", name):
+            chart = store_kernel_figure(ws, owner, cell_dir / name, lineage, sensitive)
+            if chart is not None:
+                charts.append(chart)
+    return charts
+
+
+def truncate_stream(stdout: str, stderr: str, cap: int) -> str:
+    text = stdout + (f"\n[stderr]\n{stderr}" if stderr else "")
+    data = text.encode()
+    if len(data) <= cap:
+        return text
+    kept = data[:cap].decode(errors="ignore")
+    return (
+        f"{kept}\n[output truncated: {human_bytes(len(data) - cap)} of {human_bytes(len(data))} cut"
+        " - print less, e.g. df.head() or a summary]"
+    )
+
+
+def describe_failure(execution: Any) -> str | None:
+    if execution.status == "ok":
+        return None
+    if execution.status == "died":
+        return (
+            "the kernel died (crash, os._exit or out of memory) and was replaced - its variables "
+            "are gone, your artifacts are kept; re-bind inputs and re-run what you need"
+        )
+    if execution.status == "timeout":
+        lost = getattr(execution, "restarted", False)
+        state = (
+            "the kernel was restarted - its variables are gone, your artifacts are kept"
+            if lost
+            else "the kernel was interrupted; variables are kept"
+        )
+        return f"timed out - {state}; make the code faster or pass a larger timeout_s"
+    return trim_traceback(execution.error or {})
+
+
+def trim_traceback(error: dict[str, Any]) -> str:
+    """Only the agent's own frames ("Cell In[..]") and the exception line."""
+    lines = [ANSI.sub("", str(x)) for x in error.get("traceback", [])]
+    own = [frame.strip("\n") for frame in lines if frame.lstrip().startswith("Cell In[")]
+    last = f"{error.get('ename', 'Error')}: {error.get('evalue', '')}".rstrip(": ")
+    text = "\n".join([*own[-3:], last])
+    if len(text) > MAX_TRACEBACK_CHARS:
+        text = "…" + text[-MAX_TRACEBACK_CHARS:]
+    return text
+
+
+async def reset_kernel(ws: Workspace, owner: str, notebook: str | None) -> dict[str, Any]:
+    handle = ws.transcripts.resolve(owner, notebook)
+    if ws.pool is not None:
+        await ws.pool.reset(owner, handle)
+    from .transcript import record_reset
+
+    record_reset(ws.transcripts, owner, handle)
+    return {"ok": True, "notebook": handle, "note": "variables cleared; artifacts kept"}

@@ -1,0 +1,141 @@
+"""The @producer registry: functions that return a DataFrame become fetch tools.
+
+A producer author writes only the query::
+
+    from dataref.producers import producer, ProducerContext
+
+    @producer
+    def fetch_orders(ctx: ProducerContext, since: str, status: str | None = None) -> pd.DataFrame:
+        \"\"\"Orders placed since an ISO date.\"\"\"
+        ...
+
+The framework adds the rest: the MCP tool (with an optional ``notebook`` argument), storing
+the frame as an artifact, its lineage, its Description and its transcript cell. Built-ins
+(``demo``, ``sql``) register exactly like third-party modules: through the entry-point group
+``dataref.producers`` or the ``producers.plugins`` setting.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from typing import Any
+
+import pandas as pd
+
+from ..config import Settings
+from ..errors import DatarefError, InvalidRequest
+
+ENTRY_POINT_GROUP = "dataref.producers"
+
+
+@dataclass
+class ProducerContext:
+    """What a producer may know about the call: who asks, and the settings."""
+
+    owner: str
+    settings: Settings
+    # A producer sets this when its rows come from a sensitive source: no samples then.
+    sensitive: bool = False
+
+
+@dataclass(frozen=True)
+class Producer:
+    name: str
+    func: Callable[..., pd.DataFrame]
+    description: str
+    sensitive: bool = False
+    # The parameters the agent passes (the function's signature without ctx).
+    parameters: tuple[inspect.Parameter, ...] = ()
+
+    def run(self, ctx: ProducerContext, arguments: dict[str, Any]) -> pd.DataFrame:
+        """Call the producer; a wrong return type is a bug of the producer, not the agent."""
+        known = {p.name for p in self.parameters}
+        unknown = sorted(set(arguments) - known)
+        if unknown:
+            raise InvalidRequest(
+                f"{self.name} has no argument {unknown[0]!r}; its arguments are {sorted(known)}"
+            )
+        if self.sensitive:
+            ctx.sensitive = True
+        frame = self.func(ctx, **arguments)
+        if not isinstance(frame, pd.DataFrame):
+            raise TypeError(
+                f"producer {self.name} returned {type(frame).__name__}, not a DataFrame"
+            )
+        return frame
+
+
+class ProducerRegistry:
+    def __init__(self) -> None:
+        self._producers: dict[str, Producer] = {}
+
+    def add(self, producer: Producer) -> None:
+        self._producers[producer.name] = producer
+
+    def get(self, name: str) -> Producer:
+        try:
+            return self._producers[name]
+        except KeyError:
+            raise InvalidRequest(
+                f"no producer named {name!r}; available: {sorted(self._producers)}"
+            ) from None
+
+    def __iter__(self) -> Iterator[Producer]:
+        return iter(sorted(self._producers.values(), key=lambda p: p.name))
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._producers
+
+
+registry = ProducerRegistry()
+
+RESERVED_ARGUMENTS = frozenset({"notebook", "ctx"})
+
+
+def producer(
+    func: Callable[..., pd.DataFrame] | None = None,
+    *,
+    name: str | None = None,
+    sensitive: bool = False,
+    into: ProducerRegistry | None = None,
+) -> Any:
+    """Register ``func(ctx, **arguments) -> DataFrame`` as a producer tool."""
+
+    def register(fn: Callable[..., pd.DataFrame]) -> Callable[..., pd.DataFrame]:
+        params = list(inspect.signature(fn, eval_str=True).parameters.values())
+        if not params or params[0].name != "ctx":
+            raise TypeError(f"producer {fn.__name__} must take ctx: ProducerContext first")
+        clashes = RESERVED_ARGUMENTS & {p.name for p in params[1:]}
+        if clashes:
+            raise TypeError(f"producer {fn.__name__} may not define {sorted(clashes)}")
+        (into or registry).add(
+            Producer(
+                name=name or fn.__name__,
+                func=fn,
+                description=inspect.cleandoc(fn.__doc__ or fn.__name__),
+                sensitive=sensitive,
+                parameters=tuple(params[1:]),
+            )
+        )
+        return fn
+
+    return register(func) if func is not None else register
+
+
+def load_producers(settings: Settings) -> ProducerRegistry:
+    """Import built-ins and plugins (entry points, then settings.producers.plugins)."""
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        ep.load()
+    # The built-ins also load when the package is used from a source tree without metadata.
+    importlib.import_module("dataref.producers.demo")
+    importlib.import_module("dataref.producers.sql")
+    for module in settings.producers.plugins:
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise DatarefError(f"producer plugin {module!r} could not be imported: {exc}") from exc
+    return registry

@@ -1,0 +1,102 @@
+"""The core the MCP tools stand on: settings, store, transcripts, producers and kernels.
+
+It knows nothing of MCP: tools in ``app.py`` resolve the owner and call these methods, and
+``replay``/``cli`` use the same core. Resources are opened in ``open`` and closed in
+``close`` (the app's lifespan does both).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from typing import Any
+
+from .config import Settings
+from .describe import describe, describe_columns
+from .producers import ProducerContext, ProducerRegistry, load_producers
+from .store import ArtifactStore
+from .transcript import Transcripts
+
+
+class Workspace:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.store = ArtifactStore(settings.state_dir / "store", settings.store)
+        self.transcripts = Transcripts(settings.state_dir / "notebooks")
+        self.producers: ProducerRegistry = load_producers(settings)
+        self.pool: Any = None  # KernelPool, started by start_kernels()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    async def start(self, *, kernels: bool = True) -> None:
+        self.store.sweep()
+        self._sweeper = asyncio.create_task(self._sweep_forever())
+        if kernels:
+            from .kernels import KernelPool
+
+            self.pool = KernelPool(self.settings)
+            await self.pool.start()
+
+    async def close(self) -> None:
+        try:
+            if self._sweeper is not None:
+                self._sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._sweeper
+            if self.pool is not None:
+                await self.pool.close()
+        finally:
+            self.store.close()
+            self.transcripts.close()
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.store.sweep_interval_seconds)
+            with contextlib.suppress(Exception):  # a failed sweep must not stop the next one
+                await asyncio.to_thread(self.store.sweep)
+
+    # -- producers -------------------------------------------------------------
+
+    def produce(
+        self, owner: str, name: str, arguments: dict[str, Any], notebook: str | None
+    ) -> dict[str, Any]:
+        """Run producer ``name``, store its frame, record the cell, return the Description."""
+        producer = self.producers.get(name)
+        handle = self.transcripts.resolve(owner, notebook)
+        arguments = {k: v for k, v in arguments.items() if v is not None}
+        ctx = ProducerContext(owner=owner, settings=self.settings)
+        started = time.perf_counter()
+        frame = producer.run(ctx, arguments)
+        art = self.store.put_frame(
+            owner,
+            frame,
+            lineage={"tool": name, "args": arguments, "parents": [], "notebook": handle},
+            sensitive=ctx.sensitive,
+        )
+        elapsed = time.perf_counter() - started
+        from .transcript import record_producer
+
+        record_producer(
+            self.transcripts,
+            owner,
+            handle,
+            tool=name,
+            arguments=arguments,
+            ref=art.ref,
+            elapsed_s=elapsed,
+        )
+        table = self.store.read_table(owner, art.ref)
+        return describe(
+            art.ref, table, sample_rows=self.settings.describe.sample_rows, sensitive=art.sensitive
+        )
+
+    # -- artifacts -------------------------------------------------------------
+
+    def describe_data(self, owner: str, ref: str) -> dict[str, Any]:
+        art = self.store.get(owner, ref, kind="table")
+        stats = describe_columns(self.store.read_table(owner, ref), sensitive=art.sensitive)
+        return {"dataRef": ref, **stats}
+
+    def list_artifacts(self, owner: str) -> dict[str, Any]:
+        return {"artifacts": [a.summary() for a in self.store.list(owner)]}
