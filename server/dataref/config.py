@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -27,7 +27,13 @@ def default_state_dir() -> Path:
     return Path(base) / "dataref"
 
 
-class StoreSettings(BaseModel):
+class Section(BaseModel):
+    """A config section: unknown keys are mistakes, refused rather than ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class StoreSettings(Section):
     ttl_seconds: int = Field(
         86400, ge=1, description="How long an artifact lives after it is created."
     )
@@ -42,14 +48,14 @@ class StoreSettings(BaseModel):
     )
 
 
-class DescribeSettings(BaseModel):
+class DescribeSettings(Section):
     sample_rows: int = Field(5, ge=0, le=50, description="Sample rows in a producer's Description.")
     output_sample_rows: int = Field(
         3, ge=0, le=50, description="Sample rows in the Description of a run_python output."
     )
 
 
-class ComputeSettings(BaseModel):
+class ComputeSettings(Section):
     result_max_bytes: int = Field(
         4096, ge=64, description="Cap on the JSON `result` of run_python."
     )
@@ -74,7 +80,7 @@ class ComputeSettings(BaseModel):
     )
 
 
-class KernelSettings(BaseModel):
+class KernelSettings(Section):
     sandbox: Literal["bwrap", "unsandboxed"] = Field(
         "bwrap",
         description="bwrap runs every kernel in a bubblewrap sandbox. 'unsandboxed' runs "
@@ -115,7 +121,7 @@ class KernelSettings(BaseModel):
     )
 
 
-class AuthSettings(BaseModel):
+class AuthSettings(Section):
     tokens: dict[str, str] = Field(
         default_factory=dict, description="Static bearer tokens for HTTP: {token: owner}."
     )
@@ -128,7 +134,7 @@ class AuthSettings(BaseModel):
     )
 
 
-class SourceSettings(BaseModel):
+class SourceSettings(Section):
     path: Path = Field(description="Path of the SQLite database; opened read-only.")
     sensitive: bool = Field(
         False, description="Descriptions of data from this source carry no sample rows."
@@ -140,7 +146,7 @@ class SourceSettings(BaseModel):
     timeout_seconds: float = Field(10, gt=0, description="Statement timeout.")
 
 
-class DemoSettings(BaseModel):
+class DemoSettings(Section):
     enabled: bool = Field(True, description="Create and serve the demo sales database.")
     grants: dict[str, list[str]] = Field(
         default_factory=dict,
@@ -150,7 +156,7 @@ class DemoSettings(BaseModel):
     sensitive: bool = Field(False, description="Treat the demo source as sensitive (no samples).")
 
 
-class ServerSettings(BaseModel):
+class ServerSettings(Section):
     host: str = Field("127.0.0.1", description="HTTP bind address.")
     port: int = Field(8000, ge=0, le=65535, description="HTTP port.")
     public_url: str | None = Field(
@@ -159,7 +165,7 @@ class ServerSettings(BaseModel):
     download_ttl_seconds: int = Field(3600, ge=1, description="How long a download link works.")
 
 
-class ProducerSettings(BaseModel):
+class ProducerSettings(Section):
     plugins: list[str] = Field(
         default_factory=list,
         description="Extra producer modules to import ('package.module'); their @producer "
@@ -167,7 +173,7 @@ class ProducerSettings(BaseModel):
     )
 
 
-class ChartSettings(BaseModel):
+class ChartSettings(Section):
     max_png_bytes: int = Field(
         64 * 1024, ge=8 * 1024, description="Upper bound of a chart PNG returned to the agent."
     )
@@ -263,3 +269,31 @@ def local_user() -> str:
         return getpass.getuser()
     except Exception:  # no passwd entry in some containers
         return f"uid{os.getuid()}"
+
+
+def settings_reference() -> list[tuple[str, str, str]]:
+    """(dotted key, default, description) for every setting: the README's table is made from it."""
+    rows: list[tuple[str, str, str]] = []
+
+    def walk(model: type[BaseModel], prefix: str) -> None:
+        for name, field in model.model_fields.items():
+            annotation = field.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                walk(annotation, f"{prefix}{name}.")
+                continue
+            if field.is_required():
+                default: Any = "(required)"
+            elif field.default_factory is not None:
+                default = field.default_factory()  # type: ignore[call-arg]
+            else:
+                default = field.default
+            if prefix == "" and name == "sources":
+                rows.append(("sources", "{}", field.description or ""))
+                walk(SourceSettings, "sources.<name>.")
+                continue
+            if prefix == "" and name == "state_dir":
+                default = "~/.local/state/dataref"
+            rows.append((prefix + name, repr(default), field.description or ""))
+
+    walk(Settings, "")
+    return rows

@@ -1,0 +1,48 @@
+# Every target does its own set-up: a fresh Debian/Ubuntu clone needs only `make serve` or `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: setup system-deps serve serve-http test test-fast bench lint doctor demo clean
+
+setup: system-deps $(VENV)/.installed
+
+# bubblewrap is the kernel sandbox; without it kernels refuse to start.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  echo "installing bubblewrap (the kernel sandbox)"; \
+	  $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y bubblewrap; }; }
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+serve: setup  ## the MCP server over stdio on the demo source (what MCP hosts launch)
+	@echo "dataref: serving MCP over stdio (Ctrl-C to stop); see README for host configs" >&2
+	$(VENV)/bin/dataref serve
+
+serve-http: setup  ## streamable HTTP on 127.0.0.1:8000/mcp; needs [auth] tokens in the config
+	$(VENV)/bin/dataref serve --http
+
+test: setup  ## the whole test suite
+	$(PY) -m pytest -q
+
+bench: setup  ## benchmarks against the seed-style baseline and the naive pattern
+	$(PY) -m tests.benchmarks
+
+demo: setup  ## the article's session through a real MCP client
+	$(VENV)/bin/dataref demo
+
+doctor: setup
+	$(VENV)/bin/dataref doctor
+
+lint: setup
+	$(VENV)/bin/ruff check server tests
+	$(VENV)/bin/ruff format --check server tests
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache test-output
