@@ -59,8 +59,9 @@ class ErrorMapping(Middleware):
 class App:
     """Holds what the tools need; the workspace exists while the lifespan runs."""
 
-    def __init__(self, settings: Settings, transport: Transport) -> None:
+    def __init__(self, settings: Settings, transport: Transport, *, kernels: bool = True) -> None:
         self.settings = settings
+        self.kernels = kernels
         self.owners = OwnerResolver(settings, transport)
         self._workspace: Workspace | None = None
 
@@ -74,7 +75,7 @@ class App:
     async def lifespan(self, server: FastMCP) -> AsyncIterator[dict[str, Any]]:
         workspace = Workspace(self.settings)
         try:
-            await workspace.start()
+            await workspace.start(kernels=self.kernels)
             self._workspace = workspace
             yield {"workspace": workspace}
         finally:
@@ -82,8 +83,11 @@ class App:
             await workspace.close()
 
 
-def create_app(settings: Settings, transport: Transport = "stdio") -> FastMCP:
-    app = App(settings, transport)
+def create_app(
+    settings: Settings, transport: Transport = "stdio", *, kernels: bool = True
+) -> FastMCP:
+    """The server. ``kernels=False`` is for tests of the tools that never compute."""
+    app = App(settings, transport, kernels=kernels)
     mcp = FastMCP(
         "dataref",
         instructions=INSTRUCTIONS,

@@ -61,7 +61,7 @@ FAMILIES = (
     ("Sock Pack", "all", 9, 24, 6),
     ("Sun Hat", "summer", 15, 45, 3),
     ("Swim Short", "summer", 20, 55, 3),
-    ("Tent", "summer", 120, 600, 1),
+    ("Tent", "summer", 90, 320, 1),
     ("Thermal Base", "winter", 30, 85, 3),
     ("Trail Shoe", "shoulder", 80, 190, 1),
     ("Water Bottle", "all", 10, 40, 5),
@@ -114,8 +114,8 @@ def _day_factor(day: np.ndarray) -> np.ndarray:
 def _season_factor(day: np.ndarray) -> dict[str, np.ndarray]:
     return {
         "all": np.ones_like(day),
-        "summer": 0.18 + 1.6 * _bump(day, 190, 80),
-        "winter": 0.15 + 1.5 * _bump(day, 355, 75),
+        "summer": 0.25 + 1.6 * _bump(day, 190, 80),
+        "winter": 0.25 + 1.5 * _bump(day, 355, 75),
         "shoulder": 0.35 + 0.9 * _bump(day, 105, 45) + 0.9 * _bump(day, 285, 45),
     }
 
@@ -123,11 +123,11 @@ def _season_factor(day: np.ndarray) -> dict[str, np.ndarray]:
 def _line_traits(rng: np.random.Generator, n_lines: int) -> tuple[np.ndarray, np.ndarray]:
     """Popularity (long tail) and yearly trend slope of each line."""
     u = rng.random((3, n_lines))
-    popularity = 0.35 + 3.0 * u[0] * u[1] * u[2]
+    popularity = 0.5 + 3.0 * u[0] * u[1] * u[2]
     kind = rng.random(n_lines)
     slope = -0.6 + 1.2 * rng.random(n_lines)  # most lines drift a little
     # About 7% are being phased out and 7% are breakout hits.
-    slope = np.where(kind < 0.07, -1.9 + 0.4 * rng.random(n_lines), slope)
+    slope = np.where(kind < 0.07, -2.6 + 0.4 * rng.random(n_lines), slope)
     slope = np.where(kind > 0.93, 1.2 + 0.6 * rng.random(n_lines), slope)
     return popularity, slope
 
@@ -139,7 +139,7 @@ def _cell_weights(rng: np.random.Generator) -> np.ndarray:
     n_lines = len(FAMILIES) * MODELS_PER_FAMILY
     popularity, slope = _line_traits(rng, n_lines)
     t = (day - 182.0) / 364.0  # -0.5 .. 0.5 over the year
-    trend = np.maximum(1.0 + slope[None, :] * t[:, None], 0.08)  # (day, line)
+    trend = np.maximum(1.0 + slope[None, :] * t[:, None], 0.05)  # (day, line)
     seasons = _season_factor(day)
     family_season = [f[1] for f in FAMILIES for _ in range(MODELS_PER_FAMILY)]
     season = np.stack([seasons[s] for s in family_season], axis=1)  # (day, line)
