@@ -1,21 +1,21 @@
 """The FastMCP server: thin tools over the Workspace core.
 
 Each tool resolves the caller's owner, calls the core, and returns compact JSON. The one
-place where our exceptions become MCP tool errors is ``ErrorMapping``; every other exception
+place where our exceptions become MCP tool errors is ``tool_errors``; every other exception
 is an internal error whose details are masked (``mask_error_details=True``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
-from fastmcp.server.middleware import Middleware, MiddlewareContext
 from fastmcp.tools import FunctionTool
 from mcp.types import ToolAnnotations
 from pydantic import Field
@@ -40,20 +40,29 @@ READ_ONLY = ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHin
 CREATES = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False)
 CREATES_FROM_SOURCE = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=True)
 
+ToolFunction = Callable[..., Awaitable[Any]]
+
 NotebookArg = Annotated[
     str | None, Field(description="Notebook handle (nb_...); omit for your default notebook.")
 ]
 DataRefArg = Annotated[str, Field(description="A dataRef returned by an earlier call.")]
 
 
-class ErrorMapping(Middleware):
-    """Our errors carry recovery hints meant for the agent; pass exactly those through."""
+def tool_errors(fn: ToolFunction) -> ToolFunction:
+    """Our errors carry recovery hints meant for the agent: pass exactly those through.
 
-    async def on_call_tool(self, context: MiddlewareContext, call_next: Any) -> Any:
+    FastMCP masks every other exception (``mask_error_details``) before middleware could see
+    it, so the mapping wraps each tool function; this is the one place it happens.
+    """
+
+    @functools.wraps(fn)
+    async def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return await call_next(context)
+            return await fn(*args, **kwargs)
         except DatarefError as exc:
             raise ToolError(str(exc)) from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 class App:
@@ -94,7 +103,6 @@ def create_app(
         version=__version__,
         auth=build_auth(settings) if transport == "http" else None,
         lifespan=app.lifespan,
-        middleware=[ErrorMapping()],
         mask_error_details=True,
     )
     # Producers are built before the lifespan runs, from the same registry the workspace uses.
@@ -121,9 +129,11 @@ def producer_tool(app: App, producer: Producer) -> FunctionTool:
         )
     )
     call.__signature__ = inspect.Signature(params, return_annotation=dict[str, Any])  # type: ignore[attr-defined]
+    # pydantic reads type hints from __annotations__, not from the signature
+    call.__annotations__ = {p.name: p.annotation for p in params} | {"return": dict[str, Any]}
     call.__name__ = producer.name
     return FunctionTool.from_function(
-        call,
+        tool_errors(call),
         name=producer.name,
         description=producer.description,
         annotations=CREATES_FROM_SOURCE,
@@ -132,6 +142,7 @@ def producer_tool(app: App, producer: Producer) -> FunctionTool:
 
 def register_core_tools(mcp: FastMCP, app: App) -> None:
     @mcp.tool(annotations=CREATES)
+    @tool_errors
     async def run_python(
         code: Annotated[
             str, Field(description="Python; set `result`, put DataFrames in outputs[name].")
@@ -164,6 +175,7 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
         )
 
     @mcp.tool(annotations=CREATES)
+    @tool_errors
     async def reset_kernel(notebook: NotebookArg = None) -> dict[str, Any]:
         """Restart the notebook's kernel: variables are cleared, artifacts stay."""
         from .compute import reset_kernel as reset
@@ -171,11 +183,13 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
         return await reset(app.ws, app.owners.current(), notebook)
 
     @mcp.tool(annotations=READ_ONLY)
+    @tool_errors
     async def describe_data(dataRef: DataRefArg) -> dict[str, Any]:
         """Per-column stats of an artifact: count, nulls, unique, min/max/mean/std/quartiles."""
         return await asyncio.to_thread(app.ws.describe_data, app.owners.current(), dataRef)
 
     @mcp.tool(annotations=READ_ONLY)
+    @tool_errors
     async def list_artifacts() -> dict[str, Any]:
         """Your live artifacts: ref, rows, origin, created, expires."""
         return await asyncio.to_thread(app.ws.list_artifacts, app.owners.current())
