@@ -64,7 +64,7 @@ class Workspace:
         """Run producer ``name``, store its frame, record the cell, return the Description."""
         producer = self.producers.get(name)
         handle = self.transcripts.resolve(owner, notebook)
-        arguments = {k: v for k, v in arguments.items() if v is not None}
+        arguments = producer.explicit(arguments)
         ctx = ProducerContext(owner=owner, settings=self.settings)
         started = time.perf_counter()
         frame = producer.run(ctx, arguments)

@@ -51,6 +51,18 @@ class Producer:
     # The parameters the agent passes (the function's signature without ctx).
     parameters: tuple[inspect.Parameter, ...] = ()
 
+    def explicit(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """The arguments that differ from the defaults: what the call really asked for."""
+        defaults = {p.name: p.default for p in self.parameters}
+        return {
+            k: v
+            for k, v in arguments.items()
+            if v is not None
+            and not (
+                k in defaults and defaults[k] is not inspect.Parameter.empty and defaults[k] == v
+            )
+        }
+
     def run(self, ctx: ProducerContext, arguments: dict[str, Any]) -> pd.DataFrame:
         """Call the producer; a wrong return type is a bug of the producer, not the agent."""
         known = {p.name for p in self.parameters}
