@@ -31,7 +31,9 @@ from ..errors import AccessDenied, InvalidRequest
 from . import ProducerContext, producer
 
 DEMO_ROWS = 48_210
-DEMO_SEED = 2025
+# Chosen among seeds for a well-separated top five of the article (Q4 - Q3 drops by line)
+# and at least two sales of every line in every quarter.
+DEMO_SEED = 2135
 # Bump when the generator changes: databases with another user_version are rebuilt.
 DATA_VERSION = 1
 YEAR_START = np.datetime64("2025-01-01")
@@ -139,7 +141,7 @@ def _cell_weights(rng: np.random.Generator) -> np.ndarray:
     n_lines = len(FAMILIES) * MODELS_PER_FAMILY
     popularity, slope = _line_traits(rng, n_lines)
     t = (day - 182.0) / 364.0  # -0.5 .. 0.5 over the year
-    trend = np.maximum(1.0 + slope[None, :] * t[:, None], 0.05)  # (day, line)
+    trend = np.maximum(1.0 + slope[None, :] * t[:, None], 0.12)  # (day, line)
     seasons = _season_factor(day)
     family_season = [f[1] for f in FAMILIES for _ in range(MODELS_PER_FAMILY)]
     season = np.stack([seasons[s] for s in family_season], axis=1)  # (day, line)
