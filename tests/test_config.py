@@ -25,7 +25,7 @@ def test_a_toml_file_and_env_vars_both_configure(tmp_path, monkeypatch):
     cfg = tmp_path / "dataref.toml"
     cfg.write_text(
         'state_dir = "/srv/dataref"\n'
-        "[auth]\ntokens = { tok-a = \"alice\" }\n"
+        '[auth]\ntokens = { tok-a = "alice" }\n'
         "[describe]\nsample_rows = 2\n"
         '[sources.crm]\npath = "/data/crm.sqlite"\nsensitive = true\nowners = ["alice"]\n'
     )

@@ -97,7 +97,9 @@ def test_owner_quota_counts_only_that_owner(tmp_path):
 
 
 def test_lineage_is_recorded(store):
-    parent = store.put_frame("alice", FRAME, lineage={"tool": "fetch_sales", "args": {"since": "2025-01-01"}})
+    parent = store.put_frame(
+        "alice", FRAME, lineage={"tool": "fetch_sales", "args": {"since": "2025-01-01"}}
+    )
     child = store.put_frame(
         "alice", FRAME, lineage={"tool": "run_python", "parents": [parent.ref], "cell": "c1"}
     )
@@ -129,7 +131,10 @@ def test_an_artifact_survives_sigkill_of_the_writer(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert out.returncode == -9
     ref = out.stdout.strip()
-    assert ArtifactStore(tmp_path / "s", StoreSettings()).read_frame("alice", ref).x.tolist() == [1, 2]
+    assert ArtifactStore(tmp_path / "s", StoreSettings()).read_frame("alice", ref).x.tolist() == [
+        1,
+        2,
+    ]
 
 
 def test_a_write_killed_midway_leaves_nothing_visible(tmp_path):
