@@ -8,11 +8,13 @@ is an internal error whose details are masked (``mask_error_details=True``).
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import inspect
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastmcp import Context, FastMCP
 from fastmcp.exceptions import ToolError
@@ -43,7 +45,8 @@ CREATES_FROM_SOURCE = ToolAnnotations(readOnlyHint=False, destructiveHint=False,
 ToolFunction = Callable[..., Awaitable[Any]]
 
 NotebookArg = Annotated[
-    str | None, Field(description="Notebook handle (nb_...); omit for your default notebook.")
+    str | None,
+    Field(description='Notebook handle (nb_...); omit for your default one; "new" starts another.'),
 ]
 DataRefArg = Annotated[str, Field(description="A dataRef returned by an earlier call.")]
 
@@ -111,6 +114,8 @@ def create_app(
     for producer in load_producers(settings):
         mcp.add_tool(producer_tool(app, producer))
     register_core_tools(mcp, app)
+    register_transcript_tools(mcp, app)
+    register_consumer_tools(mcp, app)
     return mcp
 
 
@@ -164,7 +169,7 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
             if ctx is not None:
                 await ctx.report_progress(elapsed, None, f"running for {elapsed:.0f}s")
 
-        return await compute(
+        response = await compute(
             app.ws,
             owner,
             code=code,
@@ -173,6 +178,7 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
             timeout_s=timeout_s,
             on_progress=progress,
         )
+        return await with_figures(app, owner, response)
 
     @mcp.tool(annotations=CREATES)
     @tool_errors
@@ -193,3 +199,207 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
     async def list_artifacts() -> dict[str, Any]:
         """Your live artifacts: ref, rows, origin, created, expires."""
         return await asyncio.to_thread(app.ws.list_artifacts, app.owners.current())
+
+
+# -- consumers: charts, exports, download links, resources -----------------------------
+#
+# Resource links: charts get one (dataref://charts/<ref>, ~120 bytes) next to their image, so
+# a host can fetch or keep the full-size PNG without the model asking; the image itself is
+# the bounded copy. Descriptions (producers, run_python outputs) get none: the link would only
+# repeat the dataRef already in the JSON, on every later turn. Exports get none either: their
+# file is not an MCP resource, the url/path in the JSON is what a person opens.
+
+ChartKind = Literal["bar", "line", "scatter", "hist", "area"]
+MAX_FIGURE_IMAGES = 4  # run_python figures shown as images; the rest are listed by chartRef
+
+
+def register_consumer_tools(mcp: FastMCP, app: App) -> None:
+    """render_chart, export_data/export_csv, the /download route, artifact+chart resources."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from . import consumers
+
+    @mcp.tool(annotations=CREATES)
+    @tool_errors
+    async def render_chart(
+        dataRef: DataRefArg,
+        x: str,
+        y: Annotated[
+            str | None, Field(description="Numeric column; bar without y counts rows.")
+        ] = None,
+        kind: Annotated[ChartKind, Field(description="hist: distribution of x.")] = "bar",
+        title: str | None = None,
+        notebook: NotebookArg = None,
+    ) -> dict[str, Any]:
+        """Chart an artifact: a PNG plus {chartRef, url|path, bytes, note?}."""
+        owner, base = app.owners.current(), download_base(app)
+        chart = await asyncio.to_thread(
+            consumers.render_chart,
+            app.ws,
+            owner,
+            data_ref=dataRef,
+            x=x,
+            y=y,
+            kind=kind,
+            title=title,
+            notebook=notebook,
+            base_url=base,
+        )
+        return chart_result(chart.info, [(chart.info["chartRef"], chart.png)])
+
+    @mcp.tool(annotations=CREATES)
+    @tool_errors
+    async def export_data(
+        dataRef: DataRefArg, format: Literal["csv", "parquet"] = "csv"
+    ) -> dict[str, Any]:
+        """Write an artifact to a file for a person: {url|path, rows, bytes, format, expires}."""
+        owner, base = app.owners.current(), download_base(app)
+        return await asyncio.to_thread(
+            consumers.export_data, app.ws, owner, data_ref=dataRef, fmt=format, base_url=base
+        )
+
+    @mcp.tool(annotations=CREATES)
+    @tool_errors
+    async def export_csv(dataRef: DataRefArg) -> dict[str, Any]:
+        """export_data as CSV."""
+        owner, base = app.owners.current(), download_base(app)
+        return await asyncio.to_thread(
+            consumers.export_data, app.ws, owner, data_ref=dataRef, fmt="csv", base_url=base
+        )
+
+    @mcp.custom_route("/download/{token}", methods=["GET"])
+    async def download(request: Request) -> Response:
+        return await serve_download(app, request)
+
+    @mcp.resource("dataref://artifacts/{ref}", mime_type="application/json")
+    async def artifact(ref: str) -> str:
+        """The Description (shape) of one of your artifacts."""
+        desc = await read_owned(app, consumers.artifact_description, ref)
+        return json.dumps(desc, separators=(",", ":"))
+
+    @mcp.resource("dataref://charts/{ref}", mime_type="image/png")
+    async def chart(ref: str) -> bytes:
+        """One of your charts, as PNG."""
+        return await read_owned(app, consumers.chart_png, ref)
+
+
+def download_base(app: App) -> str | None:
+    """Base URL of download links over HTTP (public_url wins); None elsewhere: paths then."""
+    from fastmcp.server.dependencies import get_http_request
+
+    if app.owners.transport != "http":
+        return None
+    if app.settings.server.public_url:
+        return app.settings.server.public_url
+    try:
+        return str(get_http_request().base_url)
+    except RuntimeError:
+        return None
+
+
+def chart_result(info: dict[str, Any], images: list[tuple[str, bytes]]) -> Any:
+    """The JSON (structured and as text), then each chart's image and resource link."""
+    from fastmcp.tools import ToolResult
+    from mcp.types import ImageContent, ResourceLink, TextContent
+
+    content: list[Any] = [TextContent(type="text", text=json.dumps(info, separators=(",", ":")))]
+    for ref, png in images:
+        data = base64.b64encode(png).decode()
+        content.append(ImageContent(type="image", data=data, mime_type="image/png"))
+        content.append(
+            ResourceLink(
+                type="resource_link", uri=f"dataref://charts/{ref}", name=ref, mime_type="image/png"
+            )
+        )
+    return ToolResult(content=content, structured_content=info)
+
+
+async def with_figures(app: App, owner: str, response: dict[str, Any]) -> Any:
+    """run_python's response as is, or with the figures the code drew as images."""
+    from .consumers import kernel_charts
+
+    if not response.get("charts"):
+        return response
+    images = await asyncio.to_thread(
+        kernel_charts, app.ws, owner, response["charts"], download_base(app), MAX_FIGURE_IMAGES
+    )
+    if len(response["charts"]) > len(images):
+        response.setdefault("notes", []).append(
+            f"images of the first {len(images)} of {len(response['charts'])} figures shown"
+        )
+    return chart_result(response, images)
+
+
+async def read_owned(app: App, read: Callable[..., Any], ref: str) -> Any:
+    """A resource read as the caller; a foreign ref reads exactly like a missing one."""
+    from fastmcp.exceptions import ResourceError
+
+    try:
+        return await asyncio.to_thread(read, app.ws, app.owners.current(), ref)
+    except DatarefError as exc:
+        raise ResourceError(str(exc)) from None
+
+
+async def serve_download(app: App, request: Any) -> Any:
+    """GET /download/<token>. Custom routes are not behind the MCP auth layer: check here."""
+    from fastmcp.server.dependencies import get_access_token
+    from starlette.responses import FileResponse, PlainTextResponse
+
+    from .auth import owner_of_token
+    from .consumers import open_download
+    from .downloads import LinkExpired
+
+    access = get_access_token()
+    if access is None:
+        return PlainTextResponse(
+            "send Authorization: Bearer <token>",
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    token = request.path_params["token"]
+    try:
+        path, link = await asyncio.to_thread(open_download, app.ws, owner_of_token(access), token)
+    except LinkExpired as exc:
+        return PlainTextResponse(str(exc), status_code=410)
+    except DatarefError:
+        return PlainTextResponse("unknown download link", status_code=404)
+    return FileResponse(
+        path,
+        media_type=link.media_type,
+        filename=link.filename,
+        content_disposition_type="inline" if link.kind == "chart" else "attachment",
+        headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"},
+    )
+
+
+# -- transcripts: the notebook of a handle, exported data-free --------------------------
+
+
+def register_transcript_tools(mcp: FastMCP, app: App) -> None:
+    """export_notebook and the dataref://notebooks/{handle} resource."""
+    from . import notebook_export as nbx
+
+    @mcp.tool(annotations=CREATES)
+    @tool_errors
+    async def export_notebook(notebook: NotebookArg = None) -> dict[str, Any]:
+        """Export the notebook as a data-free .ipynb (one cell per call, no rows) that a
+        person runs again in JupyterLab: {path or url, cells, notebook}."""
+        owner = app.owners.current()
+        handle = app.ws.transcripts.resolve(owner, notebook)
+        return await asyncio.to_thread(
+            nbx.export_for_owner,
+            app.settings,
+            app.ws.transcripts,
+            owner,
+            handle,
+            download_base(app),
+        )
+
+    def exported_json(ws: Workspace, owner: str, handle: str) -> str:
+        return nbx.notebook_json(nbx.export_notebook(ws.transcripts, owner, handle))
+
+    @mcp.resource("dataref://notebooks/{handle}", mime_type=nbx.MEDIA_TYPE)
+    async def notebook_resource(handle: str) -> str:
+        """One of your notebooks, exported data-free (.ipynb JSON)."""
+        return await read_owned(app, exported_json, handle)

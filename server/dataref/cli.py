@@ -20,6 +20,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
 
     sub.add_parser("doctor", help="check whether the kernel sandbox works on this machine")
+
+    export = sub.add_parser("export", help="write a notebook's data-free .ipynb")
+    export.add_argument("notebook", help="notebook handle (nb_...), or 'default'")
+    export.add_argument("--out", help="file to write (default: ./<handle>.ipynb; '-': stdout)")
+    export.add_argument("--owner", help="whose notebook (operators; default: the local user)")
+
+    demo = sub.add_parser("demo", help="run the article's session through a real MCP client")
+    demo.add_argument("--out", default="demo-output", help="where the notebook and chart go")
+    demo.add_argument("--state-dir", help="server state dir (default: a new temporary one)")
+    demo.add_argument("--json", action="store_true", help="print a JSON summary instead")
     return parser
 
 
@@ -34,6 +44,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(settings, http=args.http, host=args.host, port=args.port)
     if args.command == "doctor":
         return doctor(settings)
+    if args.command == "export":
+        from .notebook_export import cli_export
+
+        return cli_export(settings, args.notebook, args.out, args.owner)
+    if args.command == "demo":
+        from .walkthrough import run_demo
+
+        return run_demo(args.config, args.out, args.state_dir, as_json=args.json)
     return 2
 
 

@@ -15,15 +15,14 @@ import contextlib
 import json
 import keyword
 import re
-import shutil
 import time
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 from typing import Any
+
+import pyarrow as pa
 
 from .describe import describe
 from .errors import ComputeError, InvalidRequest, LimitExceeded, human_bytes
-from .store import read_untrusted_arrow
 from .workspace import Workspace
 
 HEADER_PREFIX = "# dataref:"
@@ -33,7 +32,38 @@ MAX_CODE_BYTES = 512 * 1024
 MAX_TRACEBACK_CHARS = 1500
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
+MAX_FIGURE_BYTES = 4 * 1024 * 1024
+
 ProgressCallback = Callable[[float], Awaitable[None]]
+
+
+class KernelFiles:
+    """Reads what a kernel wrote for one cell: untrusted, so never through a link."""
+
+    def __init__(self, kernel: Any, cell_id: str) -> None:
+        self.kernel = kernel
+        self.cell_id = cell_id
+
+    def read_bytes(self, filename: str, max_bytes: int) -> bytes | None:
+        try:
+            with self.kernel.open_output(self.cell_id, filename, max_bytes) as f:
+                return f.read(max_bytes + 1)[:max_bytes]
+        except (OSError, ValueError):
+            return None
+
+    def read_table(self, filename: str, max_bytes: int) -> pa.Table:
+        try:
+            f = self.kernel.open_output(self.cell_id, filename, max_bytes)
+        except ValueError as exc:
+            if "too large" in str(exc):
+                raise LimitExceeded(
+                    f"it exceeds the artifact size cap ({human_bytes(max_bytes)}) - keep fewer "
+                    "rows or columns, or aggregate first"
+                ) from None
+            raise
+        with f:
+            data = f.read(max_bytes + 1)
+        return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
 def validate_inputs(ws: Workspace, owner: str, inputs: dict[str, str]) -> dict[str, bool]:
@@ -102,13 +132,13 @@ async def run_python(
                 owner,
                 handle,
                 cell_id,
-                kernel.outputs_dir,
+                kernel,
                 execution,
                 inputs,
                 any(ref_sensitive.values()),
             )
         finally:
-            shutil.rmtree(Path(kernel.outputs_dir) / cell_id, ignore_errors=True)
+            await asyncio.to_thread(kernel.remove_outputs, cell_id)
     response["notebook"] = handle
     from .transcript import record_run_python
 
@@ -129,7 +159,7 @@ def collect(
     owner: str,
     handle: str,
     cell_id: str,
-    outputs_dir: Path,
+    kernel: Any,
     execution: Any,
     inputs: dict[str, str],
     sensitive: bool,
@@ -150,11 +180,9 @@ def collect(
             "cell": cell_id,
             "parents": sorted(set(inputs.values())),
         }
-        cell_dir = Path(outputs_dir) / cell_id
-        response["outputs"] = _store_outputs(
-            ws, owner, cell_dir, manifest, lineage, sensitive, notes
-        )
-        charts = _store_figures(ws, owner, cell_dir, manifest, lineage, sensitive)
+        files = KernelFiles(kernel, cell_id)
+        response["outputs"] = _store_outputs(ws, owner, files, manifest, lineage, sensitive, notes)
+        charts = _store_figures(ws, owner, files, manifest, lineage, sensitive)
         if charts:
             response["charts"] = charts
         notes.extend(str(e) for e in manifest.get("errors", [])[:5])
@@ -203,7 +231,7 @@ def _result(manifest: dict[str, Any], cap: int, notes: list[str]) -> Any:
 def _store_outputs(
     ws: Workspace,
     owner: str,
-    cell_dir: Path,
+    files: KernelFiles,
     manifest: dict[str, Any],
     lineage: dict[str, Any],
     sensitive: bool,
@@ -215,9 +243,7 @@ def _store_outputs(
         if not isinstance(name, str) or not name.isidentifier():
             continue
         try:
-            table = read_untrusted_arrow(
-                cell_dir / f"{name}.arrow", ws.settings.store.artifact_max_bytes
-            )
+            table = files.read_table(f"{name}.arrow", ws.settings.store.artifact_max_bytes)
             art = ws.store.put_table(
                 owner, table, lineage={**lineage, "output": name}, sensitive=sensitive
             )
@@ -236,7 +262,7 @@ def _store_outputs(
 def _store_figures(
     ws: Workspace,
     owner: str,
-    cell_dir: Path,
+    files: KernelFiles,
     manifest: dict[str, Any],
     lineage: dict[str, Any],
     sensitive: bool,
@@ -247,7 +273,8 @@ def _store_figures(
     figures = manifest.get("figures", [])
     for name in figures if isinstance(figures, list) else []:
         if isinstance(name, str) and re.fullmatch(r"figure_\d+\.png", name):
-            chart = store_kernel_figure(ws, owner, cell_dir / name, lineage, sensitive)
+            data = files.read_bytes(name, MAX_FIGURE_BYTES)
+            chart = data and store_kernel_figure(ws, owner, data, name, lineage, sensitive)
             if chart is not None:
                 charts.append(chart)
     return charts

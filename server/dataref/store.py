@@ -15,6 +15,7 @@ import contextlib
 import errno
 import json
 import os
+import re
 import secrets
 import sqlite3
 import stat
@@ -32,6 +33,9 @@ from .config import StoreSettings
 from .errors import LimitExceeded, StorageError, human_bytes, unknown_ref
 
 REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
+# What a ref we minted looks like; anything else is unknown without asking the database
+# (which also keeps lone surrogates and NUL bytes away from SQLite).
+REF_PATTERN = re.compile(r"(data|chart)_[A-Za-z0-9_-]{16,64}")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS artifacts (
@@ -278,8 +282,8 @@ class ArtifactStore:
 
     def get(self, owner: str, ref: str, *, kind: str | None = None) -> Artifact:
         """The live artifact ``ref`` of ``owner``; anything else is the one NotFound."""
-        if not isinstance(ref, str):
-            raise unknown_ref(str(ref))
+        if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref):
+            raise unknown_ref(ascii(ref)[1:-1] if isinstance(ref, str) else str(ref))
         with self._lock:
             row = self._db.execute(
                 "SELECT * FROM artifacts WHERE ref = ? AND owner = ? AND expires > ?",

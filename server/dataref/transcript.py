@@ -3,13 +3,18 @@
 A notebook handle (``nb_<random>``) is owner-scoped like a dataRef: one kernel plus one
 transcript. Each transcript is an nbformat v4 file, rewritten atomically after every call,
 so it survives a restart and keeps growing afterwards.
+
+A cell's metadata (``metadata.dataref``) is the record of its call: the tool, its arguments
+or code, the dataRefs it read and made, its status and timing; never rows, samples or
+results. Code is derived from these records (``cells.SourceWriter``) every time a call is
+added, so the variable names stay consistent across the whole notebook.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
+import re
 import secrets
 import sqlite3
 import threading
@@ -20,9 +25,12 @@ from typing import Any
 import nbformat
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
+from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
 
 HANDLE_BYTES = 16
+_HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
+FAILED_TAG = "raises-exception"  # nbclient and JupyterLab run on past a tagged cell's error
 
 
 def unknown_notebook(handle: str) -> NotFound:
@@ -50,7 +58,9 @@ class Transcripts:
                CREATE UNIQUE INDEX IF NOT EXISTS one_default
                    ON notebooks(owner) WHERE is_default = 1;"""
         )
-        self._counters: dict[str, int] = {}
+        # Notebooks this process has written to: the first call after a restart gets a note,
+        # because the server's kernels (and their variables) did not survive it.
+        self._touched: set[str] = set()
 
     def close(self) -> None:
         with self._lock:
@@ -59,9 +69,14 @@ class Transcripts:
     # -- handles ---------------------------------------------------------------
 
     def resolve(self, owner: str, handle: str | None) -> str:
-        """The owner's notebook ``handle``, or their default one (created on first use)."""
+        """The owner's notebook ``handle``, their default one (created on first use) when
+        omitted, or a fresh one for ``"new"``."""
         if handle is None or handle == "":
             return self.default(owner)
+        if handle == "new":
+            return self.new(owner)
+        if not isinstance(handle, str) or not _HANDLE.fullmatch(handle):
+            raise unknown_notebook(repr(handle)[1:-1])  # not even shaped like a handle
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM notebooks WHERE handle = ? AND owner = ?", (handle, owner)
@@ -70,13 +85,16 @@ class Transcripts:
             raise unknown_notebook(str(handle))
         return handle
 
-    def default(self, owner: str) -> str:
+    def default(self, owner: str, *, create: bool = True) -> str:
+        """The owner's default notebook, created on first use (or NotFound if not ``create``)."""
         with self._lock, self._db:
             row = self._db.execute(
                 "SELECT handle FROM notebooks WHERE owner = ? AND is_default = 1", (owner,)
             ).fetchone()
             if row:
                 return row[0]
+            if not create:
+                raise NotFound(f"{owner!r} has no default notebook yet - no call was recorded")
             return self._create(owner, is_default=True)
 
     def new(self, owner: str) -> str:
@@ -89,9 +107,10 @@ class Transcripts:
             "INSERT INTO notebooks VALUES (?,?,?,?)", (handle, owner, time.time(), int(is_default))
         )
         nb = new_notebook(metadata=_notebook_metadata(handle))
-        nb.cells.append(new_markdown_cell(_INTRO))
-        nb.cells.append(code_cell(_SETUP, role="setup"))
+        nb.cells.append(new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}}))
+        nb.cells.append(new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}}))
         self._write(handle, nb)
+        self._touched.add(handle)
         return handle
 
     def handles(self, owner: str) -> list[str]:
@@ -107,18 +126,18 @@ class Transcripts:
         self.resolve(owner, handle)
         return nbformat.read(self._path(handle), as_version=4)
 
-    def append(self, owner: str, handle: str, cell: nbformat.NotebookNode) -> int:
-        """Append a cell and persist; returns the cell's index in the notebook."""
+    def append(self, owner: str, handle: str, *cells: nbformat.NotebookNode) -> int:
+        """Append cells, re-derive every code source, persist; returns the notebook's length."""
         with self._lock:
             nb = self.read(owner, handle)
-            nb.cells.append(cell)
+            if handle not in self._touched:
+                self._touched.add(handle)
+                if any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
+                    nb.cells.append(_restart_note())
+            nb.cells.extend(cells)
+            refresh_sources(nb)
             self._write(handle, nb)
-            return len(nb.cells) - 1
-
-    def next_cell_id(self, owner: str, handle: str) -> str:
-        with self._lock:
-            n = len(self.read(owner, handle).cells)
-        return f"c{n:04d}"
+            return len(nb.cells)
 
     def _path(self, handle: str) -> Path:
         return self.root / f"{handle}.ipynb"
@@ -138,15 +157,20 @@ class Transcripts:
                 part.unlink()
 
 
-_INTRO = (
-    "# dataref transcript\n\n"
-    "Recorded by a dataref session: each code cell is one tool call. The notebook holds no "
-    "data; run it top to bottom with dataref installed to fetch the same data again and "
-    "recompute the same results."
-)
+INTRO = """\
+# dataref transcript
 
+Each code cell below is one tool call of a dataref session, recorded as it happened. The \
+notebook holds no data: run it from the top, with dataref installed and access to the same \
+sources, and it fetches the data again and recomputes the same results.
 
-_SETUP = "import dataref.replay as dr\n\noutputs = {}"
+- `dr.fetch_...(...)` runs the same query again, as you.
+- A `run_python` cell is the agent's code, after the lines (if any) that bind its inputs. \
+`dr.output(outputs, "x")` gives an output as the server stored it, and `dr.show(result)` \
+displays the answer the agent received.
+- `dr.chart(...)` draws a chart as `render_chart` drew it."""
+
+SETUP = "import dataref.replay as dr\n\noutputs = {}"
 
 
 def _notebook_metadata(handle: str) -> dict[str, Any]:
@@ -157,31 +181,35 @@ def _notebook_metadata(handle: str) -> dict[str, Any]:
     }
 
 
-def code_cell(source: str, **metadata: Any) -> nbformat.NotebookNode:
-    """A code cell carrying dataref metadata (refs, timings, the tool call; never data)."""
-    return new_code_cell(
-        source=source, metadata={"dataref": json.loads(json.dumps(metadata, default=str))}
-    )
+def refresh_sources(nb: nbformat.NotebookNode) -> None:
+    """Write every recorded code cell's source from the records of all cells."""
+    records = [c.metadata.get("dataref", {}) for c in nb.cells]
+    writer = SourceWriter([r for r in records if r.get("tool")])
+    failed_tail: str | None = None
+    for cell, rec in zip(nb.cells, records, strict=True):
+        tool = rec.get("tool")
+        if rec.get("role") == "setup":
+            cell.source = writer.setup()
+        elif rec.get("role") == "outputs":  # the outputs of the failed call just before
+            cell.source = failed_tail or "pass"
+        elif tool == "run_python" and cell.cell_type == "markdown":
+            writer.not_run(rec)
+        elif tool == "run_python":
+            cell.source, failed_tail = writer.run_python(rec)
+        elif tool == "render_chart":
+            cell.source = writer.chart(rec)
+        elif tool in ("reset_kernel", "restart"):
+            writer.reset()
+        elif tool and rec.get("ref"):
+            cell.source = writer.producer(rec)
 
 
-def variable_for(nb: nbformat.NotebookNode, ref: str) -> str | None:
-    """The notebook variable that holds ``ref``, if an earlier cell made it."""
-    return nb.metadata.get("dataref", {}).get("variables", {}).get(ref)
-
-
-def fresh_variable(nb: nbformat.NotebookNode, base: str) -> str:
-    """``base`` or ``base_2``, ``base_3``... whichever no earlier cell bound."""
-    taken = set(nb.metadata.get("dataref", {}).get("variables", {}).values())
-    name, n = base, 1
-    while name in taken:
-        n += 1
-        name = f"{base}_{n}"
-    return name
-
-
-def _call_source(function: str, arguments: dict[str, Any]) -> str:
-    args = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
-    return f"{function}({args})"
+def _record(tool: str, elapsed_s: float | None = None, **fields: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"tool": tool, **fields}
+    rec["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    if elapsed_s is not None:
+        rec["elapsed_s"] = round(elapsed_s, 4)
+    return rec
 
 
 def record_producer(
@@ -194,23 +222,27 @@ def record_producer(
     ref: str,
     elapsed_s: float,
 ) -> None:
-    """``sales = dr.fetch_sales(since='2025-01-01')``: re-runs the producer on replay."""
-    with transcripts._lock:
-        nb = transcripts.read(owner, handle)
-        base = tool.removeprefix("fetch_") or "data"
-        var = fresh_variable(nb, base if base.isidentifier() else "data")
-        source = f"{var} = dr.{_call_source(tool, arguments)}\n{var}.shape"
-        nb.cells.append(
-            code_cell(
-                source,
-                tool=tool,
-                arguments=arguments,
-                refs={var: ref},
-                elapsed_s=round(elapsed_s, 4),
-            )
-        )
-        nb.metadata.setdefault("dataref", {}).setdefault("variables", {})[ref] = var
-        transcripts._write(handle, nb)
+    """``sales = dr.fetch_sales(since="2025-01-01")``: re-runs the producer on replay."""
+    rec = _record(tool, elapsed_s, arguments=dict(arguments), ref=ref)
+    transcripts.append(owner, handle, new_code_cell("", metadata={"dataref": rec}))
+
+
+_EXCEPTION_NAME = re.compile(r"^([A-Za-z_][\w.]*)(?::|$)")
+
+
+def call_status(response: dict[str, Any]) -> tuple[str, str | None]:
+    """("ok" | "error" | "timeout" | "died", exception class name): never the message, which
+    may quote the data."""
+    if response.get("ok") or not response.get("error"):
+        return "ok", None
+    error = str(response["error"])
+    if error.startswith("the kernel died"):
+        return "died", None
+    if error.startswith("timed out"):
+        return "timeout", None
+    last = error.strip().splitlines()[-1] if error.strip() else ""
+    match = _EXCEPTION_NAME.match(last)
+    return "error", (match.group(1) if match else None)
 
 
 def record_run_python(
@@ -224,41 +256,52 @@ def record_run_python(
     elapsed_s: float,
 ) -> None:
     """The agent's code, after lines binding its inputs, before a display of ``result``."""
-    with transcripts._lock:
-        nb = transcripts.read(owner, handle)
-        lines = []
-        for name, ref in inputs.items():
-            var = variable_for(nb, ref)
-            if var is None:
-                lines.append(f"{name} = dr.artifact({ref!r})  # made outside this notebook")
-            elif var != name:
-                lines.append(f"{name} = {var}")
-        body = "\n".join([*lines, "result = None", code.rstrip()])
-        outputs = {name: d["dataRef"] for name, d in response.get("outputs", {}).items()}
-        variables = nb.metadata.setdefault("dataref", {}).setdefault("variables", {})
-        tail = []
-        for name, ref in outputs.items():
-            var = fresh_variable(nb, name)
-            tail.append(f"{var} = outputs[{name!r}]")
-            variables[ref] = var
-        source = "\n".join([body, *tail, "result"])
-        nb.cells.append(
-            code_cell(
-                source,
-                tool="run_python",
-                inputs=inputs,
-                outputs=outputs,
-                ok=bool(response.get("ok")),
-                expected_result=response.get("result"),
-                elapsed_s=round(elapsed_s, 4),
-            )
-        )
-        transcripts._write(handle, nb)
+    status, error_name = call_status(response)
+    outputs = {name: d["dataRef"] for name, d in (response.get("outputs") or {}).items()}
+    rec = _record(
+        "run_python", elapsed_s, code=code, inputs=dict(inputs), outputs=outputs, status=status
+    )
+    if error_name:
+        rec["error_name"] = error_name
+    if status == "died" or (status == "timeout" and "restarted" in str(response.get("error"))):
+        rec["kernel_lost"] = True
+    if status in ("timeout", "died"):  # running it again would hang or kill the kernel
+        cells = [new_markdown_cell(not_run_markdown(rec), metadata={"dataref": rec})]
+    elif status == "error":
+        cells = [new_code_cell("", metadata={"dataref": rec, "tags": [FAILED_TAG]})]
+        if outputs:  # the kernel stores outputs even when the code fails
+            cells.append(new_code_cell("", metadata={"dataref": {"role": "outputs"}}))
+    else:
+        cells = [new_code_cell("", metadata={"dataref": rec})]
+    transcripts.append(owner, handle, *cells)
+
+
+def record_chart(
+    transcripts: Transcripts,
+    owner: str,
+    handle: str,
+    *,
+    data_ref: str,
+    x: str,
+    y: str | None,
+    kind: str,
+    title: str | None,
+    chart_ref: str,
+) -> None:
+    """``dr.chart(qoq, x="line", y="delta", kind="bar")``: the chart drawn the same way."""
+    rec = _record(
+        "render_chart", dataRef=data_ref, x=x, y=y, kind=kind, title=title, chartRef=chart_ref
+    )
+    transcripts.append(owner, handle, new_code_cell("", metadata={"dataref": rec}))
+
+
+def _restart_note() -> nbformat.NotebookNode:
+    text = "*The server restarted here: the kernel's variables were cleared, artifacts kept.*"
+    return new_markdown_cell(text, metadata={"dataref": _record("restart")})
 
 
 def record_reset(transcripts: Transcripts, owner: str, handle: str) -> None:
-    transcripts.append(
-        owner,
-        handle,
-        new_markdown_cell("*The kernel was reset here: variables were cleared, artifacts kept.*"),
-    )
+    """A note: in the session the kernel restarted here (replay carries on in one kernel)."""
+    text = "*The kernel was reset here: variables were cleared, artifacts kept.*"
+    rec = _record("reset_kernel")
+    transcripts.append(owner, handle, new_markdown_cell(text, metadata={"dataref": rec}))

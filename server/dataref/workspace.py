@@ -14,6 +14,7 @@ from typing import Any
 
 from .config import Settings
 from .describe import describe, describe_columns
+from .downloads import sweep_exports
 from .producers import ProducerContext, ProducerRegistry, load_producers
 from .store import ArtifactStore
 from .transcript import Transcripts
@@ -55,6 +56,8 @@ class Workspace:
             await asyncio.sleep(self.settings.store.sweep_interval_seconds)
             with contextlib.suppress(Exception):  # a failed sweep must not stop the next one
                 await asyncio.to_thread(self.store.sweep)
+            with contextlib.suppress(Exception):
+                await asyncio.to_thread(sweep_exports, self.settings)
 
     # -- producers -------------------------------------------------------------
 

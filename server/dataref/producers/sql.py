@@ -104,8 +104,20 @@ def _is_word(token: str) -> bool:
     return token[0].isalpha() or token[0] == "_"
 
 
+def _unencodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: SQLite cannot take them
+        return True
+    return False
+
+
 def check_select(query: str) -> str:
     """``query`` without its trailing ';' if it is one SELECT/WITH statement; else refuse."""
+    if isinstance(query, str) and ("\x00" in query or _unencodable(query)):
+        raise InvalidRequest(
+            f"{REWRITE}; it contains a NUL byte or text that is not valid Unicode - remove it"
+        )
     tokens = list(_tokens(query)) if isinstance(query, str) else []
     if not tokens or all(t == ";" for t, _ in tokens):
         raise InvalidRequest(f"{REWRITE}; the query is empty - write a SELECT")

@@ -1,0 +1,338 @@
+"""dataref kernel runtime: runs once at IPython startup, inside the sandbox.
+
+What the agent's code sees: ``outputs`` (a dict; DataFrames put there become artifacts),
+``result`` (set it to a small JSON-like value), and its inputs bound as DataFrames.
+
+The server drives a cell in one of two ways:
+* a first line ``# dataref:{"cell": "<id>", "bind": {"name": "<ref>"}}``: the line is stripped
+  before the code compiles (tracebacks keep the agent's line numbers), the inputs are bound
+  before the code runs and everything is collected after it, even when it fails;
+* or explicit calls: ``__dataref_begin__()``, ``__dataref_bind__(name, ref)``, the code,
+  then ``__dataref_collect__(cell_id)``.
+Collecting publishes one display_data with the mime type ``COLLECT_MIME`` (the manifest).
+Everything here runs as the kernel's uid: the server treats the manifest and the files as
+untrusted input.
+"""
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; figures are saved as PNGs by the collector
+
+import matplotlib.pyplot  # loaded now, so a warm kernel pays nothing later
+import numpy
+import pandas
+import pyarrow
+import pyarrow.ipc
+
+outputs = {}
+
+
+def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the agent's namespace
+    import ast
+    import datetime as dt
+    import decimal
+    import json
+    import math
+    import os
+    import re
+    import weakref
+
+    from IPython import get_ipython
+    from IPython.core.error import InputRejected
+    from IPython.display import publish_display_data
+
+    shell = get_ipython()
+    ns = shell.user_ns
+    inputs_dir = os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs")
+    out_root = os.environ.get("DATAREF_OUTPUT_DIR", "/sandbox/.dataref/out")
+    mime = "application/vnd.dataref.collect+json"
+    header_prefix = "# dataref:"
+    token = re.compile(r"[A-Za-z0-9_\-]{1,64}\Z")
+    out_name = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}\Z")
+    hard_result_cap = 1 << 20  # the server caps lower; this only bounds the iopub message
+    max_figures = 20
+    bound = {}  # name -> (ref, pristine frame, weakref to the frame the agent got)
+    state = {"cell": None, "bind_error": None}
+
+    class DatarefInputError(InputRejected):
+        """An input could not be bound; the cell does not run."""
+
+    # -- inputs ---------------------------------------------------------------------------
+
+    def bind(name, ref):
+        """Bind input ``ref`` as DataFrame ``name``; a name already bound to ref is kept."""
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"input name {name!r} must be a Python identifier")
+        if not isinstance(ref, str) or not token.match(ref):
+            raise ValueError(f"bad dataRef {ref!r}")
+        known = bound.get(name)
+        if known is not None and known[0] == ref and ns.get(name) is known[2]():
+            return
+        path = os.path.join(inputs_dir, ref + ".arrow")
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"input {name!r} ({ref}) is not staged in this kernel")
+        # Memory-mapped and zero-copy. The agent gets a shallow copy while we keep the
+        # pristine frame: pandas' copy-on-write then copies a column on its first write
+        # instead of failing on the read-only mapped memory.
+        pristine = pa.ipc.open_file(pa.memory_map(path)).read_all().to_pandas(split_blocks=True)
+        frame = pristine.copy(deep=False)
+        bound[name] = (ref, pristine, weakref.ref(frame))
+        ns[name] = frame
+
+    def begin():
+        """Forget the previous cell's result, outputs and figures."""
+        ns.pop("result", None)
+        ns["outputs"] = {}
+        plt.close("all")
+
+    # -- outputs --------------------------------------------------------------------------
+
+    def normalise(frame):
+        """What Arrow can store without losing information the agent meant to keep."""
+        index = frame.index
+        positional = index.name is None and not isinstance(index, pd.MultiIndex)
+        if positional and (pd.api.types.is_integer_dtype(index.dtype) or len(index) == 0):
+            frame = frame.reset_index(drop=True)  # leftover row numbers, e.g. after a filter
+        else:
+            frame = frame.reset_index()  # a labelled index (groupby keys, dates): keep it
+        columns = frame.columns
+        if isinstance(columns, pd.MultiIndex):
+            names = ["_".join(str(p) for p in key if str(p) != "") for key in columns]
+        else:
+            names = [str(c) for c in columns]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"duplicate column names {dupes} - rename them")
+        frame = frame.copy(deep=False)
+        frame.columns = names
+        return frame
+
+    def write_output(cell_dir, name, value):
+        if isinstance(value, pd.Series):
+            value = value.to_frame(name=value.name if value.name is not None else name)
+        if not isinstance(value, pd.DataFrame):
+            raise TypeError(
+                f"is a {type(value).__name__}; only DataFrames (or Series) can be outputs"
+                " - wrap it, e.g. pd.DataFrame(...), or return small values in `result`"
+            )
+        try:
+            table = pa.Table.from_pandas(normalise(value), preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            raise TypeError(
+                f"cannot be stored as a table ({str(exc)[:200]}) - convert mixed or"
+                " object columns first, e.g. .astype(str)"
+            ) from None
+        path = os.path.join(cell_dir, name + ".arrow")
+        with pa.OSFile(path + ".tmp", "wb") as sink, pa.ipc.new_file(sink, table.schema) as w:
+            w.write_table(table)
+        os.replace(path + ".tmp", path)
+        return {
+            "file": name + ".arrow",
+            "rows": table.num_rows,
+            "columns": table.num_columns,
+            "bytes": os.path.getsize(path),
+        }
+
+    def collect_outputs(cell_dir, manifest):
+        outs = ns.get("outputs")
+        if not isinstance(outs, dict):
+            manifest["errors"].append("outputs: `outputs` must stay a dict - nothing stored")
+            return
+        for name, value in list(outs.items()):
+            if not isinstance(name, str) or not out_name.match(name):
+                manifest["errors"].append(
+                    f"outputs[{name!r}]: names must be identifiers of <= 64 characters"
+                )
+                continue
+            try:
+                manifest["output_info"][name] = write_output(cell_dir, name, value)
+                manifest["outputs"].append(name)
+            except Exception as exc:  # one bad output must not lose the others
+                manifest["errors"].append(f"outputs[{name!r}]: {exc}")
+
+    def collect_figures(cell_dir, manifest):
+        for n, num in enumerate(plt.get_fignums(), 1):
+            fig = plt.figure(num)
+            if n > max_figures:
+                manifest["errors"].append(f"figures: only the first {max_figures} are kept")
+                break
+            try:
+                width, height = fig.get_size_inches()
+                dpi = min(100.0, 1600.0 / max(width, height, 0.1))  # at most 1600 px a side
+                name = f"figure_{n}.png"
+                fig.savefig(os.path.join(cell_dir, name), dpi=dpi, format="png")
+                manifest["figures"].append(name)
+            except Exception as exc:
+                manifest["errors"].append(f"figure {n}: {str(exc)[:200]}")
+        plt.close("all")
+
+    # -- result ---------------------------------------------------------------------------
+
+    tables = (pd.DataFrame, pd.Series, pd.Index, np.ndarray)
+
+    def key_text(key, where):
+        key = to_json(key, where, 0, set())
+        if isinstance(key, str):
+            return key
+        return json.dumps(key)  # 1 -> "1", None -> "null", True -> "true"
+
+    def to_json(value, where, depth, seen):
+        """A JSON-ready copy of ``value``; TypeError names the offending part."""
+        if value is None or isinstance(value, (bool, str)):
+            return value
+        if isinstance(value, (int, np.integer)):
+            return int(value)
+        if isinstance(value, np.bool_):
+            return bool(value)
+        if isinstance(value, (float, np.floating, decimal.Decimal)):
+            number = float(value)
+            return number if math.isfinite(number) else None
+        if value is pd.NA or value is pd.NaT:
+            return None
+        if isinstance(value, np.datetime64):
+            stamp = pd.Timestamp(value)
+            return None if stamp is pd.NaT else stamp.isoformat()
+        if isinstance(value, (dt.datetime, dt.date, dt.time)):
+            return value.isoformat()  # pd.Timestamp is a datetime
+        if isinstance(value, (dt.timedelta, np.timedelta64, pd.Period, pd.Interval)):
+            return str(pd.Timedelta(value)) if isinstance(value, np.timedelta64) else str(value)
+        if isinstance(value, tables):
+            raise TypeError(
+                f"{where} is a {type(value).__name__}: put tables in outputs['name'] = df, or"
+                " make it small and plain with .to_dict() / .tolist()"
+            )
+        return to_json_container(value, where, depth, seen)
+
+    def to_json_container(value, where, depth, seen):
+        if depth > 50 or id(value) in seen:
+            raise TypeError(f"{where} is nested too deeply or refers to itself")
+        seen = seen | {id(value)}
+        if isinstance(value, dict):
+            return {
+                key_text(k, where): to_json(v, f"{where}[{k!r}]", depth + 1, seen)
+                for k, v in value.items()
+            }
+        if isinstance(value, (list, tuple)):
+            return [to_json(v, f"{where}[{i}]", depth + 1, seen) for i, v in enumerate(value)]
+        if isinstance(value, (set, frozenset)):
+            items = [to_json(v, f"{where} item", depth + 1, seen) for v in value]
+            try:
+                return sorted(items)
+            except TypeError:
+                return items
+        if isinstance(value, np.generic):  # np.str_, np.complex...: their Python value
+            return to_json(value.item(), where, depth + 1, seen)
+        raise TypeError(
+            f"{where} is a {type(value).__name__}, which is not JSON - use numbers, strings,"
+            " lists and dicts (str(x) works for most objects)"
+        )
+
+    def collect_result(manifest, max_bytes):
+        if "result" not in ns:
+            return
+        manifest["has_result"] = True
+        try:
+            text = json.dumps(
+                to_json(ns["result"], "result", 0, set()),
+                ensure_ascii=False,
+                separators=(",", ":"),
+                allow_nan=False,
+            )
+        except (TypeError, ValueError) as exc:
+            manifest["result_error"] = str(exc)
+            return
+        size = len(text.encode())
+        manifest["result_bytes"] = size
+        if size > max_bytes:
+            manifest["result_error"] = (
+                f"result is {size} bytes of JSON, over the {max_bytes} byte cap - return less"
+                " (e.g. .head(10), rounding) or put the table in outputs['name']"
+            )
+        else:
+            manifest["result"] = text
+
+    def collect(cell_id, max_result_bytes=None):
+        """Write outputs and figures of this cell, convert ``result``, publish the manifest."""
+        if not isinstance(cell_id, str) or not token.match(cell_id):
+            raise ValueError(f"bad cell id {cell_id!r}")
+        cap = min(int(max_result_bytes or hard_result_cap), hard_result_cap)
+        manifest = {
+            "cell": cell_id,
+            "has_result": False,
+            "result": None,
+            "result_bytes": 0,
+            "result_error": None,
+            "outputs": [],
+            "output_info": {},
+            "figures": [],
+            "errors": [],
+        }
+        cell_dir = os.path.join(out_root, cell_id)
+        try:
+            os.makedirs(cell_dir, exist_ok=True)
+        except OSError as exc:
+            manifest["errors"].append(f"outputs: cannot write {cell_dir} ({exc.strerror})")
+            cell_dir = None
+        if cell_dir is not None:
+            collect_outputs(cell_dir, manifest)
+            collect_figures(cell_dir, manifest)
+        collect_result(manifest, cap)
+        publish_display_data({mime: manifest})
+
+    # -- the header protocol --------------------------------------------------------------
+
+    def parse_header(raw):
+        first = raw.split("\n", 1)[0]
+        if not first.startswith(header_prefix):
+            return None
+        try:
+            header = json.loads(first[len(header_prefix) :])
+        except ValueError:
+            return None
+        return header if isinstance(header, dict) else None
+
+    def strip_header(lines):
+        if lines and lines[0].startswith(header_prefix):
+            return lines[1:]
+        return lines
+
+    def pre_run_cell(info):
+        header = parse_header(info.raw_cell or "")
+        state["cell"], state["bind_error"] = None, None
+        if header is None:
+            return
+        state["cell"] = header.get("cell")
+        state["max_result_bytes"] = header.get("max_result_bytes")
+        begin()
+        for name, ref in (header.get("bind") or {}).items():
+            try:
+                bind(name, ref)
+            except Exception as exc:
+                state["bind_error"] = f"input {name!r} could not be loaded: {exc}"
+                return
+
+    def post_run_cell(result):
+        cell, state["cell"] = state["cell"], None
+        if cell is not None:
+            collect(cell, state.get("max_result_bytes"))
+
+    class RejectOnBindError(ast.NodeTransformer):
+        def visit(self, node):
+            if state["bind_error"]:
+                raise DatarefInputError(state["bind_error"])
+            return node
+
+    shell.input_transformers_cleanup.insert(0, strip_header)
+    shell.ast_transformers.append(RejectOnBindError())
+    shell.events.register("pre_run_cell", pre_run_cell)
+    shell.events.register("post_run_cell", post_run_cell)
+    ns["__dataref_begin__"] = begin
+    ns["__dataref_bind__"] = bind
+    ns["__dataref_collect__"] = collect
+
+
+_dataref_install(numpy, pandas, pyarrow, matplotlib.pyplot)
+# The kernel starts with python -P (its cwd is not on sys.path, so nothing planted in /sandbox
+# runs at startup); the agent's own modules in /sandbox stay importable, after the packages.
+__import__("sys").path.append("")
+del _dataref_install, matplotlib, numpy, pandas, pyarrow

@@ -1,0 +1,412 @@
+"""How a kernel is sandboxed: its directories, its uid, and the bubblewrap command line.
+
+Priv mode (see /work/shared/notes/sandbox.md): the server is root; ``bwrap`` runs without a
+user namespace and execs ``setpriv`` to a real unprivileged host uid, one per kernel (so
+RLIMIT_NPROC is per kernel and one kernel cannot starve another), then ``prlimit`` sets the
+limits, then ipykernel starts. A seccomp filter (``seccomp.py``) stops nested user namespaces.
+
+Per kernel, under ``state_dir/kernels/<kernel_id>/``:
+
+    run/      root:U 0770 while starting, 0750 once the 5 ipc sockets exist (bound at the
+              same absolute path inside, so the connection file is valid on both sides)
+    work/     root:U 1770 (sticky): the kernel's /sandbox. Root-owned entries in it cannot be
+              renamed or replaced by the kernel: inputs/ (a mount point) and .dataref/
+    work/.dataref/out/   U 0700: where the kernel writes outputs (untrusted contents)
+    inputs/   root 0755, read-only at /sandbox/inputs; the server hard-links artifacts here
+    etc/      passwd, group, hosts for the sandbox
+    kernel.log  the kernel's stderr (bwrap and startup errors)
+
+"unsandboxed" mode runs ipykernel as the server's own user with the same layout and profile.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import importlib.resources
+import os
+import pwd
+import shutil
+import stat
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..config import Settings
+
+SANDBOX = "/sandbox"
+INPUTS_INSIDE = "/sandbox/inputs"
+OUTPUTS_INSIDE = "/sandbox/.dataref/out"
+VENV_INSIDE = "/opt/venv"
+STARTUP_INSIDE = "/tmp/.ipython/profile_default/startup"
+BWRAP = "/usr/bin/bwrap"
+SETPRIV = "/usr/bin/setpriv"
+PRLIMIT = "/usr/bin/prlimit"
+SOCKET_PATH_MAX = 107  # sockaddr_un.sun_path, minus the NUL
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The Python the kernels run: the server's own interpreter and its venv, read-only."""
+
+    base_prefix: Path  # the Python install; bound at the same path (its RUNPATH is baked in)
+    venv: Path | None  # bound at /opt/venv when the server runs from a venv
+
+    @property
+    def python_inside(self) -> str:
+        if self.venv is not None:
+            return f"{VENV_INSIDE}/bin/python"
+        return sys.executable
+
+    @property
+    def bin_inside(self) -> str:
+        return str(Path(self.python_inside).parent)
+
+
+def detect_runtime() -> Runtime:
+    venv = Path(sys.prefix) if sys.prefix != sys.base_prefix else None
+    return Runtime(base_prefix=Path(sys.base_prefix), venv=venv)
+
+
+def profile_startup_dir() -> Path:
+    """The read-only startup directory of the kernel profile, wherever dataref is installed."""
+    startup = Path(str(importlib.resources.files("dataref.kernel_profile") / "startup"))
+    if not (startup / "00-dataref.py").is_file():
+        raise FileNotFoundError(
+            f"the kernel profile is missing ({startup}) - reinstall dataref from a wheel or a "
+            "source checkout (a zipped install cannot be bound into the sandbox)"
+        )
+    return startup
+
+
+@dataclass
+class KernelBox:
+    """One kernel's directories and identity on the host."""
+
+    kernel_id: str
+    root: Path
+    uid: int | None  # None when unsandboxed (the server's own uid)
+    _lock_fd: int | None = field(default=None, repr=False)
+
+    @property
+    def run(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def work(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def inputs(self) -> Path:
+        return self.root / "inputs"
+
+    @property
+    def outputs(self) -> Path:
+        return self.work / ".dataref" / "out"
+
+    @property
+    def etc(self) -> Path:
+        return self.root / "etc"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "kernel.log"
+
+    @property
+    def connection_file(self) -> Path:
+        return self.run / "conn.json"
+
+    @property
+    def ipc_base(self) -> Path:
+        return self.run / "k"
+
+    @property
+    def sandboxed(self) -> bool:
+        return self.uid is not None
+
+    def create(self) -> None:
+        """Make the directories with the owners and modes the module docstring lists."""
+        self.root.parent.mkdir(mode=0o711, parents=True, exist_ok=True)
+        self.root.mkdir(mode=0o711)
+        # Held while the kernel lives: another server on the same state_dir sees it is in use.
+        self._lock_fd = os.open(self.root / "lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        longest = len(f"{self.ipc_base}-5")
+        if longest > SOCKET_PATH_MAX:
+            raise OSError(
+                f"state_dir is too deep for Unix sockets ({longest} > {SOCKET_PATH_MAX} "
+                "characters) - set a shorter state_dir"
+            )
+        for path in (self.run, self.work, self.inputs, self.etc):
+            path.mkdir(mode=0o700)
+        (self.work / "inputs").mkdir(mode=0o755)  # the mount point of inputs/
+        self.outputs.parent.mkdir(mode=0o755)
+        self.outputs.mkdir(mode=0o700)
+        if self.uid is None:
+            return
+        uid = self.uid
+        _own(self.run, 0, uid, 0o750)
+        _own(self.work, 0, uid, 0o1770)
+        _own(self.inputs, 0, 0, 0o755)
+        _own(self.etc, 0, 0, 0o755)
+        _own(self.outputs, uid, uid, 0o700)
+        _write(self.etc / "passwd", _passwd(uid))
+        _write(self.etc / "group", _group(uid))
+        _write(self.etc / "hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
+
+    def remove(self) -> None:
+        # rmtree works on file descriptors and never follows the kernel's symlinks
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+
+def remove_stale_boxes(kernels_dir: Path, min_age_s: float = 60.0) -> int:
+    """Delete kernel dirs no live server holds (their kernels died with their server).
+
+    A dir whose lock is held belongs to a running server sharing this state_dir; a dir without
+    a lock file younger than ``min_age_s`` may be one being created right now.
+    """
+    removed = 0
+    for entry in os.scandir(kernels_dir):
+        if not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            fd = os.open(os.path.join(entry.path, "lock"), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if time.time() - entry.stat(follow_symlinks=False).st_mtime < min_age_s:
+                continue
+            fd = None
+        try:
+            if fd is not None:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue
+        else:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed += 1
+        finally:
+            if fd is not None:
+                os.close(fd)
+    return removed
+
+
+def _own(path: Path, uid: int, gid: int, mode: int) -> None:
+    os.chown(path, uid, gid)
+    os.chmod(path, mode)
+
+
+def _write(path: Path, text: str) -> None:
+    path.write_text(text)
+    os.chmod(path, 0o644)
+
+
+def _passwd(uid: int) -> str:
+    return (
+        "root:x:0:0:root:/root:/usr/sbin/nologin\n"
+        f"sandbox:x:{uid}:{uid}:dataref kernel:{SANDBOX}:/usr/sbin/nologin\n"
+        "nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+    )
+
+
+def _group(uid: int) -> str:
+    return f"root:x:0:\nsandbox:x:{uid}:\nnogroup:x:65534:\n"
+
+
+# -- the command line -------------------------------------------------------------------------
+
+
+def _parents(path: Path) -> list[str]:
+    """/a/b/c -> ['/a', '/a/b']: created 0755 inside, else bwrap makes them 0700 root."""
+    return [str(p) for p in reversed(path.parents) if str(p) != "/"]
+
+
+def _dirs(paths: list[str], mode: str = "0755") -> list[str]:
+    args: list[str] = []
+    for path in paths:
+        args += ["--perms", mode, "--dir", path]
+    return args
+
+
+def kernel_env(box: KernelBox, runtime: Runtime) -> dict[str, str]:
+    """The kernel's whole environment: nothing of the server's (bwrap --clearenv)."""
+    if box.sandboxed:
+        home, tmp, inputs, outputs = SANDBOX, "/tmp", INPUTS_INSIDE, OUTPUTS_INSIDE
+        bin_dir = runtime.bin_inside
+    else:
+        home, tmp = str(box.work), str(box.root / "tmp")
+        inputs, outputs = str(box.inputs), str(box.outputs)
+        bin_dir = str(Path(sys.executable).parent)
+    return {
+        "HOME": home,
+        "USER": "sandbox",
+        "LOGNAME": "sandbox",
+        "PATH": f"{bin_dir}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "TZ": "UTC",
+        "TMPDIR": tmp,
+        # Every config/startup location points at the private tmpfs, fresh on each start, so
+        # nothing the agent writes to /sandbox runs when the kernel (re)starts.
+        "IPYTHONDIR": f"{tmp}/.ipython",
+        "JUPYTER_CONFIG_DIR": f"{tmp}/.jupyter",
+        "JUPYTER_DATA_DIR": f"{tmp}/.jupyter/data",
+        "JUPYTER_RUNTIME_DIR": f"{tmp}/.jupyter/runtime",
+        "JUPYTER_PLATFORM_DIRS": "1",
+        "MPLCONFIGDIR": f"{tmp}/.mpl",
+        "MPLBACKEND": "Agg",
+        "XDG_CACHE_HOME": f"{tmp}/.cache",
+        "XDG_CONFIG_HOME": f"{tmp}/.config",
+        "PYTHONNOUSERSITE": "1",
+        "PYTHONSAFEPATH": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+        # RLIMIT_AS counts address space: glibc reserves 64 MiB per malloc arena
+        "MALLOC_ARENA_MAX": "2",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "DATAREF_INPUTS_DIR": inputs,
+        "DATAREF_OUTPUT_DIR": outputs,
+    }
+
+
+def ipykernel_argv(python: str, connection_file: str) -> list[str]:
+    # -P: the cwd (/sandbox, agent-writable) is not put on sys.path, so a planted
+    # pandas.py or ipykernel_launcher.py cannot run at the next start.
+    return [
+        python,
+        "-P",
+        "-m",
+        "ipykernel_launcher",
+        "-f",
+        connection_file,
+        "--HistoryManager.hist_file=:memory:",
+    ]
+
+
+def limits_argv(settings: Settings) -> list[str]:
+    k = settings.kernels
+    return [
+        PRLIMIT,
+        f"--as={k.memory_bytes}",
+        f"--cpu={k.cpu_seconds}",
+        f"--nproc={k.max_processes}",
+        f"--fsize={k.max_file_bytes}",
+        f"--nofile={k.max_open_files}",
+        "--core=0",
+        "--",
+    ]
+
+
+def bwrap_argv(
+    box: KernelBox, runtime: Runtime, settings: Settings, seccomp_file: Path, inner: list[str]
+) -> list[str]:
+    """sh (reopens the BPF on every start) -> bwrap -> setpriv -> prlimit -> ``inner``."""
+    assert box.uid is not None
+    k = settings.kernels
+    args = ["/bin/sh", "-c", 'exec "$@" 9< "$0"', str(seccomp_file), BWRAP]
+    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    args += ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for name in ("bin", "sbin", "lib", "lib64"):
+        args += ["--symlink", f"usr/{name}", f"/{name}"]
+    args += ["--perms", "0755", "--dir", "/etc"]
+    for name in ("passwd", "group", "hosts"):
+        args += ["--ro-bind", str(box.etc / name), f"/etc/{name}"]
+    for name in ("ld.so.cache", "localtime", "fonts"):
+        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    if not runtime.base_prefix.is_relative_to("/usr"):
+        args += _dirs(_parents(runtime.base_prefix))
+        args += ["--ro-bind", str(runtime.base_prefix), str(runtime.base_prefix)]
+    if runtime.venv is not None:
+        args += ["--perms", "0755", "--dir", "/opt", "--ro-bind", str(runtime.venv), VENV_INSIDE]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    args += ["--perms", "1777", "--size", str(k.shm_bytes), "--tmpfs", "/dev/shm"]
+    args += ["--remount-ro", "/dev"]
+    args += ["--perms", "1777", "--size", str(k.tmp_bytes), "--tmpfs", "/tmp"]
+    args += _dirs(["/tmp/.ipython", "/tmp/.ipython/profile_default"], "1777")
+    args += ["--ro-bind", str(profile_startup_dir()), STARTUP_INSIDE]
+    args += ["--bind", str(box.work), SANDBOX]
+    args += ["--ro-bind", str(box.inputs), INPUTS_INSIDE]
+    args += _dirs(_parents(box.run))
+    args += ["--bind", str(box.run), str(box.run)]
+    args += ["--remount-ro", "/", "--seccomp", "9", "--chdir", SANDBOX, "--clearenv"]
+    for key, value in kernel_env(box, runtime).items():
+        args += ["--setenv", key, value]
+    uid = str(box.uid)
+    args += ["--", SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return args + limits_argv(settings) + inner
+
+
+# -- uids ---------------------------------------------------------------------------------------
+
+
+class UidAllocator:
+    """Hands out host uids from ``uid_base`` .. ``uid_base + uid_count - 1``, one per kernel.
+
+    A uid that names a host account or still owns a process (a kernel of a crashed server) is
+    skipped: RLIMIT_NPROC counts every process of the uid, and sharing it would let kernels
+    starve each other.
+    """
+
+    def __init__(self, base: int, count: int) -> None:
+        self.base, self.count = base, count
+        self.in_use: set[int] = set()
+
+    def allocate(self) -> int:
+        busy = _uids_with_processes()
+        for uid in range(self.base, self.base + self.count):
+            if uid in self.in_use or uid in busy or _is_account(uid):
+                continue
+            self.in_use.add(uid)
+            return uid
+        raise OSError(
+            f"no free kernel uid in {self.base}..{self.base + self.count - 1} - raise "
+            "kernels.uid_count or stop kernels"
+        )
+
+    def release(self, uid: int | None) -> None:
+        if uid is not None:
+            self.in_use.discard(uid)
+
+
+def _is_account(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return True
+
+
+def _uids_with_processes() -> set[int]:
+    return {uid for _, uid in processes()}
+
+
+def processes() -> list[tuple[int, int]]:
+    """(pid, real uid) of every process on the host."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with (
+            contextlib.suppress(OSError, ValueError, IndexError),
+            open(f"{entry.path}/status") as status,
+        ):
+            for line in status:
+                if line.startswith("Uid:"):
+                    found.append((int(entry.name), int(line.split()[1])))
+                    break
+    return found
+
+
+def is_socket_of(path: Path, uid: int | None) -> bool:
+    """A real socket (not a symlink planted by the kernel), created by the kernel's uid."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(info.st_mode) and (uid is None or info.st_uid == uid)
