@@ -298,3 +298,22 @@ async def test_charts_drawn_at_the_same_time_are_the_same_as_drawn_one_by_one(ap
     one_by_one = [png_of(await client.call_tool("render_chart", c)) for c in calls]
     together = await asyncio.gather(*(client.call_tool("render_chart", c) for c in calls))
     assert [png_of(r) for r in together] == one_by_one
+
+
+async def test_a_chart_of_sensitive_data_reaches_the_person_but_not_the_model(tmp_path):
+    from fastmcp import Client
+
+    from dataref.app import create_app
+
+    from .conftest import make_settings
+
+    settings = make_settings(tmp_path, demo={"sensitive": True})
+    async with Client(create_app(settings, "memory", kernels=False)) as c:
+        ref = (await c.call_tool("fetch_sales", {"since": "2025-12-01"})).structured_content
+        result = await c.call_tool(
+            "render_chart", {"dataRef": ref["dataRef"], "x": "region", "y": "revenue"}
+        )
+    assert not [b for b in result.content if b.type == "image"]
+    info = result.structured_content
+    assert info["chartRef"].startswith("chart_") and "path" in info
+    assert "not sent to the model" in info["note"]

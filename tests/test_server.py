@@ -266,3 +266,25 @@ def test_http_without_any_auth_configured_refuses_to_start(tmp_path):
         timeout=60,
     )
     assert out.returncode == 2 and "authentication" in out.stderr
+
+
+async def test_without_a_sandbox_the_server_serves_data_and_run_python_says_why(
+    settings, monkeypatch
+):
+    monkeypatch.setattr("dataref.kernels.check.BWRAP", "/nonexistent/bwrap")
+    async with Client(create_app(settings, "memory")) as c:
+        desc = (await c.call_tool("fetch_sales", {"since": "2025-12-01"})).structured_content
+        assert desc["rows"] > 0
+        with pytest.raises(ToolError) as err:
+            await c.call_tool("run_python", {"code": "result = 1"})
+    text = str(err.value)
+    assert "bubblewrap" in text and "dataref doctor" in text and "unavailable" in text
+
+
+async def test_the_tool_definitions_stay_under_6_kb(client):
+    tools = await client.list_tools()
+    wire = [t.model_dump(mode="json", by_alias=True, exclude_none=True) for t in tools]
+    size = len(json.dumps({"tools": wire}, separators=(",", ":")))
+    assert size <= 6 * 1024, size
+    for tool in wire:
+        assert tool["description"], tool["name"]

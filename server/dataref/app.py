@@ -8,7 +8,6 @@ is an internal error whose details are masked (``mask_error_details=True``).
 from __future__ import annotations
 
 import asyncio
-import base64
 import functools
 import inspect
 import json
@@ -27,6 +26,7 @@ from .auth import OwnerResolver, Transport, build_auth
 from .config import Settings
 from .errors import DatarefError
 from .producers import Producer
+from .routes import chart_result, download_base, read_owned, serve_download, with_figures
 from .workspace import Workspace
 
 INSTRUCTIONS = """\
@@ -66,6 +66,45 @@ def tool_errors(fn: ToolFunction) -> ToolFunction:
             raise ToolError(str(exc)) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+def tool(mcp: FastMCP, annotations: ToolAnnotations) -> Callable[[ToolFunction], ToolFunction]:
+    """Register a tool: errors mapped, and a schema as small as it can be.
+
+    Hosts resend tools/list on every turn, so bytes there cost on every turn too.
+    """
+
+    def register(fn: ToolFunction) -> ToolFunction:
+        mcp.add_tool(function_tool(fn, name=fn.__name__, annotations=annotations))
+        return fn
+
+    return register
+
+
+def function_tool(
+    fn: ToolFunction, *, name: str, annotations: ToolAnnotations, description: str | None = None
+) -> FunctionTool:
+    made = FunctionTool.from_function(
+        tool_errors(fn),
+        name=name,
+        description=description,
+        annotations=annotations,
+        # Every tool returns a JSON object; a schema saying only that adds bytes, not meaning.
+        output_schema=None,
+    )
+    compact_schema(made.parameters)
+    return made
+
+
+def compact_schema(schema: dict[str, Any]) -> None:
+    """``anyOf: [T, null], default: null`` -> ``T``: the property is optional already."""
+    for prop in schema.get("properties", {}).values():
+        options = prop.get("anyOf")
+        if prop.get("default", ...) is None and isinstance(options, list) and len(options) == 2:
+            kept = [o for o in options if o.get("type") != "null"]
+            if len(kept) == 1:
+                del prop["anyOf"], prop["default"]
+                prop.update(kept[0])
 
 
 class App:
@@ -137,17 +176,13 @@ def producer_tool(app: App, producer: Producer) -> FunctionTool:
     # pydantic reads type hints from __annotations__, not from the signature
     call.__annotations__ = {p.name: p.annotation for p in params} | {"return": dict[str, Any]}
     call.__name__ = producer.name
-    return FunctionTool.from_function(
-        tool_errors(call),
-        name=producer.name,
-        description=producer.description,
-        annotations=CREATES_FROM_SOURCE,
+    return function_tool(
+        call, name=producer.name, description=producer.description, annotations=CREATES_FROM_SOURCE
     )
 
 
 def register_core_tools(mcp: FastMCP, app: App) -> None:
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def run_python(
         code: Annotated[
             str, Field(description="Python; set `result`, put DataFrames in outputs[name].")
@@ -180,22 +215,19 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
         )
         return await with_figures(app, owner, response)
 
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def reset_kernel(notebook: NotebookArg = None) -> dict[str, Any]:
         """Restart the notebook's kernel: variables are cleared, artifacts stay."""
         from .compute import reset_kernel as reset
 
         return await reset(app.ws, app.owners.current(), notebook)
 
-    @mcp.tool(annotations=READ_ONLY)
-    @tool_errors
+    @tool(mcp, READ_ONLY)
     async def describe_data(dataRef: DataRefArg) -> dict[str, Any]:
         """Per-column stats of an artifact: count, nulls, unique, min/max/mean/std/quartiles."""
         return await asyncio.to_thread(app.ws.describe_data, app.owners.current(), dataRef)
 
-    @mcp.tool(annotations=READ_ONLY)
-    @tool_errors
+    @tool(mcp, READ_ONLY)
     async def list_artifacts() -> dict[str, Any]:
         """Your live artifacts: ref, rows, origin, created, expires."""
         return await asyncio.to_thread(app.ws.list_artifacts, app.owners.current())
@@ -210,7 +242,6 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
 # file is not an MCP resource, the url/path in the JSON is what a person opens.
 
 ChartKind = Literal["bar", "line", "scatter", "hist", "area"]
-MAX_FIGURE_IMAGES = 4  # run_python figures shown as images; the rest are listed by chartRef
 
 
 def register_consumer_tools(mcp: FastMCP, app: App) -> None:
@@ -220,8 +251,7 @@ def register_consumer_tools(mcp: FastMCP, app: App) -> None:
 
     from . import consumers
 
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def render_chart(
         dataRef: DataRefArg,
         x: str,
@@ -246,10 +276,10 @@ def register_consumer_tools(mcp: FastMCP, app: App) -> None:
             notebook=notebook,
             base_url=base,
         )
-        return chart_result(chart.info, [(chart.info["chartRef"], chart.png)])
+        images = [] if chart.sensitive else [(chart.info["chartRef"], chart.png)]
+        return chart_result(chart.info, images)
 
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def export_data(
         dataRef: DataRefArg, format: Literal["csv", "parquet"] = "csv"
     ) -> dict[str, Any]:
@@ -259,8 +289,7 @@ def register_consumer_tools(mcp: FastMCP, app: App) -> None:
             consumers.export_data, app.ws, owner, data_ref=dataRef, fmt=format, base_url=base
         )
 
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def export_csv(dataRef: DataRefArg) -> dict[str, Any]:
         """export_data as CSV."""
         owner, base = app.owners.current(), download_base(app)
@@ -284,95 +313,6 @@ def register_consumer_tools(mcp: FastMCP, app: App) -> None:
         return await read_owned(app, consumers.chart_png, ref)
 
 
-def download_base(app: App) -> str | None:
-    """Base URL of download links over HTTP (public_url wins); None elsewhere: paths then."""
-    from fastmcp.server.dependencies import get_http_request
-
-    if app.owners.transport != "http":
-        return None
-    if app.settings.server.public_url:
-        return app.settings.server.public_url
-    try:
-        return str(get_http_request().base_url)
-    except RuntimeError:
-        return None
-
-
-def chart_result(info: dict[str, Any], images: list[tuple[str, bytes]]) -> Any:
-    """The JSON (structured and as text), then each chart's image and resource link."""
-    from fastmcp.tools import ToolResult
-    from mcp.types import ImageContent, ResourceLink, TextContent
-
-    content: list[Any] = [TextContent(type="text", text=json.dumps(info, separators=(",", ":")))]
-    for ref, png in images:
-        data = base64.b64encode(png).decode()
-        content.append(ImageContent(type="image", data=data, mime_type="image/png"))
-        content.append(
-            ResourceLink(
-                type="resource_link", uri=f"dataref://charts/{ref}", name=ref, mime_type="image/png"
-            )
-        )
-    return ToolResult(content=content, structured_content=info)
-
-
-async def with_figures(app: App, owner: str, response: dict[str, Any]) -> Any:
-    """run_python's response as is, or with the figures the code drew as images."""
-    from .consumers import kernel_charts
-
-    if not response.get("charts"):
-        return response
-    images = await asyncio.to_thread(
-        kernel_charts, app.ws, owner, response["charts"], download_base(app), MAX_FIGURE_IMAGES
-    )
-    if len(response["charts"]) > len(images):
-        response.setdefault("notes", []).append(
-            f"images of the first {len(images)} of {len(response['charts'])} figures shown"
-        )
-    return chart_result(response, images)
-
-
-async def read_owned(app: App, read: Callable[..., Any], ref: str) -> Any:
-    """A resource read as the caller; a foreign ref reads exactly like a missing one."""
-    from fastmcp.exceptions import ResourceError
-
-    try:
-        return await asyncio.to_thread(read, app.ws, app.owners.current(), ref)
-    except DatarefError as exc:
-        raise ResourceError(str(exc)) from None
-
-
-async def serve_download(app: App, request: Any) -> Any:
-    """GET /download/<token>. Custom routes are not behind the MCP auth layer: check here."""
-    from fastmcp.server.dependencies import get_access_token
-    from starlette.responses import FileResponse, PlainTextResponse
-
-    from .auth import owner_of_token
-    from .consumers import open_download
-    from .downloads import LinkExpired
-
-    access = get_access_token()
-    if access is None:
-        return PlainTextResponse(
-            "send Authorization: Bearer <token>",
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
-    token = request.path_params["token"]
-    try:
-        path, link = await asyncio.to_thread(open_download, app.ws, owner_of_token(access), token)
-    except LinkExpired as exc:
-        return PlainTextResponse(str(exc), status_code=410)
-    except DatarefError:
-        return PlainTextResponse("unknown download link", status_code=404)
-    return FileResponse(
-        path,
-        media_type=link.media_type,
-        filename=link.filename,
-        content_disposition_type="inline" if link.kind == "chart" else "attachment",
-        headers={"Cache-Control": "private, no-store", "X-Content-Type-Options": "nosniff"},
-    )
-
-
 # -- transcripts: the notebook of a handle, exported data-free --------------------------
 
 
@@ -380,8 +320,7 @@ def register_transcript_tools(mcp: FastMCP, app: App) -> None:
     """export_notebook and the dataref://notebooks/{handle} resource."""
     from . import notebook_export as nbx
 
-    @mcp.tool(annotations=CREATES)
-    @tool_errors
+    @tool(mcp, CREATES)
     async def export_notebook(notebook: NotebookArg = None) -> dict[str, Any]:
         """Export the notebook as a data-free .ipynb (one cell per call, no rows) that a
         person runs again in JupyterLab: {path or url, cells, notebook}."""

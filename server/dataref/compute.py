@@ -111,7 +111,11 @@ async def run_python(
     handle = ws.transcripts.resolve(owner, notebook)
     timeout = clamp_timeout(ws, timeout_s)
     if ws.pool is None:
-        raise ComputeError("kernels are not running on this server - ask the operator")
+        raise ComputeError(
+            "run_python is unavailable on this server - "
+            + (ws.kernel_problem or "kernels are not running")
+            + " (ask the operator; fetch, describe, chart and export still work)"
+        )
     kernel = await ws.pool.kernel(owner, handle)
     async with kernel.lock:
         cell_id = f"cell{time.time_ns():x}"

@@ -39,10 +39,15 @@ FORMATS = {
 }
 
 
+# A chart of sensitive data is a picture of that data: it goes to the person, not the model.
+SENSITIVE_NOTE = "sensitive data: the image is not sent to the model; open the url/path"
+
+
 @dataclass(frozen=True)
 class Chart:
     info: dict[str, Any]  # {chartRef, url | path, bytes, note?}: what the agent reads
-    png: bytes  # what the agent (and the person) sees
+    png: bytes  # what the person sees, and the agent unless the data is sensitive
+    sensitive: bool = False
 
 
 # -- charts ----------------------------------------------------------------------
@@ -99,7 +104,9 @@ def render_chart(
             title=title,
             chart_ref=art.ref,
         )
-    return Chart(info=info, png=png)
+    if source.sensitive:
+        info["note"] = "; ".join([*notes, SENSITIVE_NOTE])
+    return Chart(info=info, png=png, sensitive=source.sensitive)
 
 
 def chart_link(ws: Workspace, art: Artifact, base_url: str | None) -> dict[str, str]:
@@ -134,7 +141,9 @@ def kernel_charts(
     for entry in entries:
         art = ws.store.get(owner, entry["chartRef"], kind="chart")
         entry.update(chart_link(ws, art, base_url))
-        if len(images) < limit:
+        if art.sensitive:
+            entry["note"] = SENSITIVE_NOTE
+        elif len(images) < limit:
             png = charts.shrink_png(art.path.read_bytes(), ws.settings.charts.max_png_bytes)
             images.append((art.ref, png))
     return images

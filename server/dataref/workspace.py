@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import time
 from typing import Any
 
 from .config import Settings
 from .describe import describe, describe_columns
 from .downloads import sweep_exports
+from .errors import ComputeError
 from .producers import ProducerContext, ProducerRegistry, load_producers
 from .store import ArtifactStore
 from .transcript import Transcripts
@@ -27,7 +29,8 @@ class Workspace:
         self.store = ArtifactStore(settings.state_dir / "store", settings.store)
         self.transcripts = Transcripts(settings.state_dir / "notebooks")
         self.producers: ProducerRegistry = load_producers(settings)
-        self.pool: Any = None  # KernelPool, started by start_kernels()
+        self.pool: Any = None  # KernelPool, started by start()
+        self.kernel_problem: str | None = None  # why the pool did not start, if it did not
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, *, kernels: bool = True) -> None:
@@ -36,8 +39,16 @@ class Workspace:
         if kernels:
             from .kernels import KernelPool
 
-            self.pool = KernelPool(self.settings)
-            await self.pool.start()
+            pool = KernelPool(self.settings)
+            try:
+                await pool.start()
+            except ComputeError as exc:
+                # Fetching, describing and exporting still work; run_python says why it can't.
+                self.kernel_problem = str(exc)
+                print(f"dataref: run_python is unavailable: {exc}", file=sys.stderr)
+                await pool.close()
+                return
+            self.pool = pool
 
     async def close(self) -> None:
         try:

@@ -219,10 +219,11 @@ class KernelPool:
             await kernel.shutdown()
             if isinstance(exc, asyncio.CancelledError):
                 raise
-            detail = f"; kernel log: {tail[-600:]}" if tail else ""
+            # The details (paths, the kernel's log) are for the operator, not the agent.
+            log.error("kernel %s did not start: %r; kernel log: %s", kernel_id, exc, tail[-2000:])
             raise ComputeError(
-                f"a kernel could not start ({type(exc).__name__}: {exc}{detail}) - try again; "
-                "if it keeps failing, the operator should run `dataref doctor`"
+                "a kernel could not start - try again; if it keeps failing, the operator "
+                "should run `dataref doctor` and read the server log"
             ) from exc
         return kernel
 
