@@ -288,3 +288,11 @@ async def test_the_tool_definitions_stay_under_6_kb(client):
     assert size <= 6 * 1024, size
     for tool in wire:
         assert tool["description"], tool["name"]
+
+
+async def test_every_tool_is_documented_in_the_readme(client):
+    from .conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    for tool in await client.list_tools():
+        assert f"`{tool.name}`" in readme, tool.name
