@@ -48,6 +48,7 @@ class Producer:
     func: Callable[..., pd.DataFrame]
     description: str
     sensitive: bool = False
+    module: str = ""  # where it was defined: a server serves only the modules it loaded
     # The parameters the agent passes (the function's signature without ctx).
     parameters: tuple[inspect.Parameter, ...] = ()
 
@@ -130,6 +131,7 @@ def producer(
                 func=fn,
                 description=inspect.cleandoc(fn.__doc__ or fn.__name__),
                 sensitive=sensitive,
+                module=fn.__module__,
                 parameters=tuple(params[1:]),
             )
         )
@@ -139,15 +141,24 @@ def producer(
 
 
 def load_producers(settings: Settings) -> ProducerRegistry:
-    """Import built-ins and plugins (entry points, then settings.producers.plugins)."""
+    """The producers of the built-ins, entry points and ``settings.producers.plugins``.
+
+    Importing a module registers its producers in the process-wide registry; the registry
+    returned holds only those of the modules this configuration names, so two servers in one
+    process (tests, embedding) do not see each other's plugins.
+    """
+    modules = {"dataref.producers.demo", "dataref.producers.sql"}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         ep.load()
-    # The built-ins also load when the package is used from a source tree without metadata.
-    importlib.import_module("dataref.producers.demo")
-    importlib.import_module("dataref.producers.sql")
-    for module in settings.producers.plugins:
+        modules.add(ep.module)
+    for module in modules | set(settings.producers.plugins):
         try:
             importlib.import_module(module)
         except ImportError as exc:
             raise DatarefError(f"producer plugin {module!r} could not be imported: {exc}") from exc
-    return registry
+    modules |= set(settings.producers.plugins)
+    selected = ProducerRegistry()
+    for item in registry:
+        if item.module in modules:
+            selected.add(item)
+    return selected
