@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import json
 import keyword
 import re
@@ -71,8 +72,17 @@ def _parse(code: str) -> tuple[ast.Module | None, bool]:
         return None, True
 
 
-def assigned_names(code: str) -> set[str]:
-    """Every name the code may bind or delete, at any depth (deliberately over-inclusive)."""
+@functools.lru_cache(maxsize=4096)
+def assigned_names(code: str) -> frozenset[str]:
+    """Every name the code may bind or delete, at any depth (deliberately over-inclusive).
+
+    Cached: every recorded call re-derives all cell sources, so each cell's code is asked
+    about again on every later call of the notebook.
+    """
+    return frozenset(_assigned_names(code))
+
+
+def _assigned_names(code: str) -> set[str]:
     tree, ipython = _parse(code)
     if tree is None or code.lstrip().startswith("%%"):
         return set(_IDENTIFIER.findall(code))

@@ -76,6 +76,7 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
         port=port if port is not None else settings.server.port,
         path="/mcp",
         show_banner=False,
+        host_origin_protection="auto",  # DNS rebinding: refuse foreign Host/Origin on loopback
     )
     return 0
 

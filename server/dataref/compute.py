@@ -17,6 +17,7 @@ import keyword
 import re
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -117,10 +118,10 @@ async def run_python(
             + " (ask the operator; fetch, describe, chart and export still work)"
         )
     kernel = await ws.pool.kernel(owner, handle)
-    async with kernel.lock:
+    sensitive = any(ref_sensitive.values())
+    async with kernel.lock:  # one call at a time per notebook, recorded in the same order
         cell_id = f"cell{time.time_ns():x}"
-        for ref in inputs.values():
-            await asyncio.to_thread(ws.store.link_into, owner, ref, kernel.inputs_dir)
+        await asyncio.to_thread(_stage, ws, owner, inputs, kernel.inputs_dir)
         header = HEADER_PREFIX + json.dumps(
             {"cell": cell_id, "bind": inputs}, separators=(",", ":")
         )
@@ -129,31 +130,52 @@ async def run_python(
             header + "\n" + code, timeout_s=timeout, on_progress=on_progress
         )
         elapsed = time.perf_counter() - started
-        try:
-            response = await asyncio.to_thread(
-                collect,
-                ws,
-                owner,
-                handle,
-                cell_id,
-                kernel,
-                execution,
-                inputs,
-                any(ref_sensitive.values()),
-            )
-        finally:
-            await asyncio.to_thread(kernel.remove_outputs, cell_id)
-    response["notebook"] = handle
+        call = CellCall(owner, handle, cell_id, code, inputs, sensitive, elapsed)
+        return await asyncio.to_thread(_finish, ws, kernel, execution, call)
+
+
+@dataclass(frozen=True)
+class CellCall:
+    owner: str
+    handle: str
+    cell_id: str
+    code: str
+    inputs: dict[str, str]
+    sensitive: bool
+    elapsed_s: float
+
+
+def _stage(ws: Workspace, owner: str, inputs: dict[str, str], directory: Any) -> None:
+    for ref in inputs.values():
+        ws.store.link_into(owner, ref, directory)
+
+
+def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:
+    """Collect outputs, clean the kernel's output dir, record the cell (one thread hop)."""
     from .transcript import record_run_python
 
+    try:
+        response = collect(
+            ws,
+            call.owner,
+            call.handle,
+            call.cell_id,
+            kernel,
+            execution,
+            call.inputs,
+            call.sensitive,
+        )
+    finally:
+        kernel.remove_outputs(call.cell_id)
+    response["notebook"] = call.handle
     record_run_python(
         ws.transcripts,
-        owner,
-        handle,
-        code=code,
-        inputs=inputs,
+        call.owner,
+        call.handle,
+        code=call.code,
+        inputs=call.inputs,
         response=response,
-        elapsed_s=elapsed,
+        elapsed_s=call.elapsed_s,
     )
     return response
 

@@ -13,6 +13,8 @@ added, so the variable names stay consistent across the whole notebook.
 from __future__ import annotations
 
 import contextlib
+import copy
+import json
 import os
 import re
 import secrets
@@ -61,6 +63,9 @@ class Transcripts:
         # Notebooks this process has written to: the first call after a restart gets a note,
         # because the server's kernels (and their variables) did not survive it.
         self._touched: set[str] = set()
+        # handle -> (file identity when we last wrote or read it, the notebook): saves parsing
+        # the whole file on every call; another process writing it changes the identity.
+        self._cache: dict[str, tuple[tuple[int, int], nbformat.NotebookNode]] = {}
 
     def close(self) -> None:
         with self._lock:
@@ -123,13 +128,25 @@ class Transcripts:
     # -- cells -----------------------------------------------------------------
 
     def read(self, owner: str, handle: str) -> nbformat.NotebookNode:
+        """A copy of the stored notebook (callers may change it freely)."""
+        with self._lock:
+            return copy.deepcopy(self._load(owner, handle))
+
+    def _load(self, owner: str, handle: str) -> nbformat.NotebookNode:
         self.resolve(owner, handle)
-        return nbformat.read(self._path(handle), as_version=4)
+        path = self._path(handle)
+        identity = _identity(path)
+        cached = self._cache.get(handle)
+        if cached is not None and cached[0] == identity:
+            return cached[1]
+        nb = nbformat.read(path, as_version=4)
+        self._cache[handle] = (identity, nb)
+        return nb
 
     def append(self, owner: str, handle: str, *cells: nbformat.NotebookNode) -> int:
         """Append cells, re-derive every code source, persist; returns the notebook's length."""
         with self._lock:
-            nb = self.read(owner, handle)
+            nb = self._load(owner, handle)  # changed in place; _write drops it on failure
             if handle not in self._touched:
                 self._touched.add(handle)
                 if any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
@@ -147,14 +164,26 @@ class Transcripts:
         path = self._path(handle)
         part = path.with_suffix(f".{secrets.token_hex(4)}.part")
         try:
+            # Compact JSON (the C encoder) and no re-validation of the whole notebook on every
+            # call: cells are built only with nbformat's constructors, and exports validate.
+            text = json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n"
             with open(part, "w", encoding="utf-8") as f:
-                nbformat.write(nb, f)
+                f.write(text)
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(part, path)
+            self._cache[handle] = (_identity(path), nb)
+        except BaseException:
+            self._cache.pop(handle, None)  # the file still holds the previous notebook
+            raise
         finally:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
+
+
+def _identity(path: Path) -> tuple[int, int]:
+    info = path.stat()
+    return info.st_mtime_ns, info.st_size
 
 
 INTRO = """\
