@@ -1,0 +1,159 @@
+"""The workloads, each a function of a connected ``Meter`` (or of nothing, for in-process ones).
+
+Every server gets the same calls; a server that lacks a tool (the naive one has no compute)
+simply does not run that step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .clients import CallRecord, Meter
+from .data import read_arrow
+
+# The article's quarter-over-quarter code, verbatim.
+QOQ_CODE = """\
+q = sales.assign(q=sales.date.dt.to_period("Q"))
+pivot = q.pivot_table(index="line", columns="q", values="revenue", aggfunc="sum")
+delta = (pivot.iloc[:, -1] - pivot.iloc[:, -2]).sort_values()
+outputs["qoq"] = delta.rename("delta").reset_index()
+result = delta.head(5).round(2).to_dict()
+"""
+# The chained call: works on the previous call's output, by reference.
+CHAIN_CODE = """\
+worst = qoq.nsmallest(10, "delta")
+outputs["worst"] = worst
+result = {"lines_down": int((qoq.delta < 0).sum()), "worst10": round(float(worst.delta.sum()), 2)}
+"""
+TRIVIAL_CODE = "result = 1"
+
+
+@dataclass(frozen=True)
+class Scale:
+    label: str
+    rows: int  # nominal; the demo source's real count is measured
+    fetch_tool: str
+    fetch_args: dict[str, Any]
+
+
+SCALES = (
+    Scale("50k", 48_210, "fetch_sales", {"since": "2025-01-01"}),
+    Scale("1M", 1_000_000, "fetch_big", {"rows": 1_000_000}),
+    Scale("5M", 5_000_000, "fetch_big", {"rows": 5_000_000}),
+)
+
+
+class WorkloadError(RuntimeError):
+    pass
+
+
+def check(record: CallRecord) -> CallRecord:
+    if not record.ok:
+        raise WorkloadError(f"{record.tool} failed: {record.error}")
+    return record
+
+
+@dataclass
+class SessionRun:
+    seconds: float
+    rows: int
+    steps: dict[str, CallRecord] = field(default_factory=dict)
+
+    def step_bytes(self) -> dict[str, int]:
+        return {name: rec.bytes for name, rec in self.steps.items()}
+
+
+async def article_session(meter: Meter, scale: Scale, tools: set[str]) -> SessionRun:
+    """fetch -> QoQ top five -> a chained call -> a chart; steps the server lacks are skipped."""
+    started = time.perf_counter()
+    run = SessionRun(0.0, 0)
+    fetch = check(await meter.call(scale.fetch_tool, scale.fetch_args))
+    run.steps["fetch"] = fetch
+    if "run_python" in tools:
+        ref = fetch.data["dataRef"]
+        run.rows = int(fetch.data["rows"])
+        qoq = check(await meter.call("run_python", {"code": QOQ_CODE, "inputs": {"sales": ref}}))
+        qoq_ref = qoq.data["outputs"]["qoq"]["dataRef"]
+        run.steps["qoq"] = qoq
+        chain_inputs = {"qoq": qoq_ref}
+        run.steps["chain"] = check(
+            await meter.call("run_python", {"code": CHAIN_CODE, "inputs": chain_inputs})
+        )
+        if "render_chart" in tools:
+            chart = {"dataRef": qoq_ref, "x": "line", "y": "delta", "kind": "bar"}
+            run.steps["chart"] = check(await meter.call("render_chart", chart))
+    else:
+        run.rows = len(fetch.data["rows"])
+    run.seconds = time.perf_counter() - started
+    return run
+
+
+async def trivial_calls(meter: Meter, n: int, warmup: int = 3) -> list[float]:
+    """``run_python("result = 1")`` n times: the per-call overhead."""
+    for _ in range(warmup):
+        check(await meter.call("run_python", {"code": TRIVIAL_CODE}))
+    return [check(await meter.call("run_python", {"code": TRIVIAL_CODE})).seconds for _ in range(n)]
+
+
+async def staging(meter: Meter, rows: int, cols: int, reps: int) -> dict[str, list[float]]:
+    """A call that binds a fresh rows x cols artifact vs a trivial call on the same kernel.
+
+    Each rep fetches a new artifact (same content, new ref), so the input is staged every
+    time rather than found already bound."""
+    out: dict[str, list[float]] = {"with_input": [], "trivial": []}
+    await trivial_calls(meter, 0, warmup=2)
+    for _ in range(reps):
+        fetched = check(await meter.call("fetch_wide", {"rows": rows, "cols": cols}))
+        code = "result = len(wide)"
+        args = {"code": code, "inputs": {"wide": fetched.data["dataRef"]}}
+        out["with_input"].append(check(await meter.call("run_python", args)).seconds)
+        out["trivial"].append(check(await meter.call("run_python", {"code": TRIVIAL_CODE})).seconds)
+    return out
+
+
+def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
+    """The in-process floor of staging: Arrow memory-map read + zero-copy ``to_pandas``."""
+    samples = []
+    for _ in range(reps):
+        started = time.perf_counter()
+        frame = read_arrow(path).to_pandas(split_blocks=True)
+        samples.append(time.perf_counter() - started)
+        del frame
+    return samples
+
+
+async def compare_qoq(meter: Meter, ref: str, path: Path, reps: int) -> dict[str, Any]:
+    """The QoQ call on an input already bound in the kernel, alternating with the same code
+    in this process, so that both see the same load on a shared machine."""
+    args = {"code": QOQ_CODE, "inputs": {"sales": ref}}
+    bound: list[float] = []
+    inproc: dict[str, list[float]] = {"load": [], "first": [], "again": []}
+    for _ in range(reps):
+        bound.append(check(await meter.call("run_python", args)).seconds)
+        for key, values in (await asyncio.to_thread(inproc_qoq, path, 1)).items():
+            inproc[key] += values
+    return {"bound": bound, "inproc": inproc}
+
+
+def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
+    """The same pandas code in this process. Each rep loads the table as a kernel does
+    (memory-map + zero-copy to_pandas), then runs the code twice: the first run pays what a
+    fresh frame costs on first touch (page faults, lazy conversions), the second does not."""
+    out: dict[str, list[float]] = {"load": [], "first": [], "again": []}
+    for _ in range(reps):
+        started = time.perf_counter()
+        frame = read_arrow(path).to_pandas(split_blocks=True)
+        out["load"].append(time.perf_counter() - started)
+        for key in ("first", "again"):
+            namespace: dict[str, Any] = {"sales": frame, "outputs": {}}
+            started = time.perf_counter()
+            exec(QOQ_CODE, namespace)
+            out[key].append(time.perf_counter() - started)
+        del frame, namespace
+        gc.collect()  # free this rep's frames before the next rep
+    return out
