@@ -71,10 +71,12 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
         path = os.path.join(inputs_dir, ref + ".arrow")
         if not os.path.isfile(path):
             raise FileNotFoundError(f"input {name!r} ({ref}) is not staged in this kernel")
-        # Memory-mapped and zero-copy. The agent gets a shallow copy while we keep the
-        # pristine frame: pandas' copy-on-write then copies a column on its first write
-        # instead of failing on the read-only mapped memory.
-        pristine = pa.ipc.open_file(pa.memory_map(path)).read_all().to_pandas(split_blocks=True)
+        # Memory-mapped: strings stay on the mapping (Arrow-backed), numeric columns are
+        # consolidated into pandas blocks. Zero-copy split blocks were measured slower: pandas
+        # consolidates them on the first operation anyway (5M rows: 0.6 s vs 0.35 s for
+        # load + first query). The agent gets a shallow copy while we keep the pristine
+        # frame, so copy-on-write protects it from the agent's writes.
+        pristine = pa.ipc.open_file(pa.memory_map(path)).read_all().to_pandas()
         frame = pristine.copy(deep=False)
         bound[name] = (ref, pristine, weakref.ref(frame))
         ns[name] = frame
