@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps serve serve-http test test-fast bench lint doctor demo clean
+.PHONY: setup system-deps serve serve-http test test-e2e test-fast bench lint doctor demo clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -31,6 +31,12 @@ serve-http: setup  ## streamable HTTP on 127.0.0.1:8000/mcp; needs [auth] tokens
 test: setup  ## the whole test suite
 	$(PY) -m pytest -q
 
+# Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
+# Debian's chromium are installed by tests/e2e/setup.sh; the tests fail (not skip) without them.
+test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, JupyterLab in Chromium
+	bash tests/e2e/setup.sh
+	$(PY) -m pytest -q tests/e2e
+
 bench: setup  ## benchmarks against the seed-style baseline and the naive pattern
 	$(PY) -m tests.benchmarks
 
@@ -45,4 +51,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check server tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache test-output
+	rm -rf $(VENV) build *.egg-info .pytest_cache test-output .node

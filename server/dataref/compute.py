@@ -106,7 +106,13 @@ async def run_python(
 ) -> dict[str, Any]:
     if not isinstance(code, str) or not code.strip():
         raise InvalidRequest("code is empty - pass the Python to run")
-    if len(code.encode()) > MAX_CODE_BYTES:
+    try:
+        size = len(code.encode())
+    except UnicodeEncodeError:  # lone surrogates: no kernel could run it
+        raise InvalidRequest(
+            "code is not valid Unicode text - remove the stray characters"
+        ) from None
+    if size > MAX_CODE_BYTES:
         raise InvalidRequest(f"code is larger than {human_bytes(MAX_CODE_BYTES)} - send less code")
     ref_sensitive = validate_inputs(ws, owner, inputs)
     handle = ws.transcripts.resolve(owner, notebook)

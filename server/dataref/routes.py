@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -74,7 +75,8 @@ async def read_owned(app: App, read: Callable[..., Any], ref: str) -> Any:
     try:
         return await asyncio.to_thread(read, app.ws, app.owners.current(), ref)
     except DatarefError as exc:
-        raise ResourceError(str(exc)) from None
+        # Expected (a stale or foreign ref): no traceback in the log, which costs ~90 ms.
+        raise ResourceError(str(exc), log_level=logging.DEBUG) from None
 
 
 async def serve_download(app: App, request: Any) -> Any:

@@ -206,7 +206,7 @@ class ArtifactStore:
         prefix: str = "data",
     ) -> Artifact:
         ref = new_ref("chart" if prefix == "chart" else "data")
-        part = self.tmp / f"{ref}.part"
+        part = self.tmp / part_name(ref)
         try:
             size = self._write_file(part, write)
             self._check_cap(size)
@@ -227,6 +227,9 @@ class ArtifactStore:
                 extra=extra or {},
             )
             with self._lock, self._db:
+                # The write lock is taken before the rename, so another server opening this
+                # store (its orphan sweep takes the same lock) never sees the file without its row.
+                self._db.execute("BEGIN IMMEDIATE")
                 self._check_quota(owner, size)
                 os.replace(part, final)
                 self._insert(art)
@@ -374,18 +377,41 @@ class ArtifactStore:
 
     def _remove_orphans(self) -> None:
         """Files without a committed row are writes a crash interrupted: never visible, delete."""
-        for part in self.tmp.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
-        with self._lock:
+        remove_stale_parts(self.tmp)
+        with self._lock, self._db:
+            self._db.execute("BEGIN IMMEDIATE")  # no other server commits while we look
             known = {name for (name,) in self._db.execute("SELECT file FROM artifacts")}
-        for blob in self.blobs.iterdir():
-            if blob.name not in known:
-                with contextlib.suppress(FileNotFoundError):
-                    blob.unlink()
+            for blob in self.blobs.iterdir():
+                if blob.name not in known:
+                    with contextlib.suppress(FileNotFoundError):
+                        blob.unlink()
 
     def iter_files(self) -> Iterator[Path]:
         yield from self.blobs.iterdir()
+
+
+def part_name(stem: str) -> str:
+    """A temporary file's name, carrying the writer's pid so a restart knows what is stale."""
+    return f"{stem}.{os.getpid()}-{secrets.token_hex(4)}.part"
+
+
+def remove_stale_parts(directory: Path) -> None:
+    """Delete .part files whose writer is gone (a crash); a live server's writes stay."""
+    for part in directory.glob("*.part"):
+        match = re.search(r"\.(\d+)-[0-9a-f]+\.part$", part.name)
+        if match and int(match.group(1)) != os.getpid() and _alive(int(match.group(1))):
+            continue
+        part.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_untrusted_arrow(path: Path, max_bytes: int) -> pa.Table:

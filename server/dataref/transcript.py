@@ -29,6 +29,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
+from .store import part_name, remove_stale_parts
 
 HANDLE_BYTES = 16
 _HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
@@ -50,6 +51,7 @@ class Transcripts:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
+        remove_stale_parts(self.root)  # rewrites a crash interrupted: never visible
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.root / "notebooks.sqlite", check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
@@ -162,7 +164,7 @@ class Transcripts:
     def _write(self, handle: str, nb: nbformat.NotebookNode) -> None:
         """Atomic rewrite: a crash leaves the previous complete notebook."""
         path = self._path(handle)
-        part = path.with_suffix(f".{secrets.token_hex(4)}.part")
+        part = self.root / part_name(handle)
         try:
             # Compact JSON (the C encoder) and no re-validation of the whole notebook on every
             # call: cells are built only with nbformat's constructors, and exports validate.
