@@ -17,19 +17,14 @@ from fastmcp.utilities.tests import asgi_server
 from dataref.app import create_app
 from dataref.producers import ProducerContext, registry
 from dataref.store import frame_to_table
+from dataref.walkthrough import QOQ_CODE
 
 from .conftest import make_settings
 from .kernel_support import require_bwrap
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 
-QOQ = """\
-q = sales.assign(q=sales.date.dt.to_period("Q"))
-pivot = q.pivot_table(index="line", columns="q", values="revenue", aggfunc="sum")
-delta = (pivot.iloc[:, -1] - pivot.iloc[:, -2]).sort_values()
-outputs["qoq"] = delta.rename("delta").reset_index()
-result = delta.head(5).round(2).to_dict()
-"""
+QOQ = QOQ_CODE  # the article's code, verbatim
 
 
 @pytest.fixture(scope="module")

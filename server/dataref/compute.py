@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from .describe import describe
-from .errors import ComputeError, InvalidRequest, LimitExceeded, human_bytes
+from .errors import ComputeError, DatarefError, InvalidRequest, LimitExceeded, human_bytes
 from .workspace import Workspace
 
 HEADER_PREFIX = "# dataref:"
@@ -279,7 +279,7 @@ def _store_outputs(
             art = ws.store.put_table(
                 owner, table, lineage={**lineage, "output": name}, sensitive=sensitive
             )
-        except (LimitExceeded, InvalidRequest) as exc:
+        except DatarefError as exc:  # over a cap, not storable, or the disk is full
             notes.append(f"outputs[{name!r}] not stored: {exc}")
             continue
         except Exception:  # an unreadable or forged file: say so, keep the rest

@@ -13,17 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dataref.walkthrough import QOQ_CODE
+
 from .clients import CallRecord, Meter
 from .data import read_arrow
 
-# The article's quarter-over-quarter code, verbatim.
-QOQ_CODE = """\
-q = sales.assign(q=sales.date.dt.to_period("Q"))
-pivot = q.pivot_table(index="line", columns="q", values="revenue", aggfunc="sum")
-delta = (pivot.iloc[:, -1] - pivot.iloc[:, -2]).sort_values()
-outputs["qoq"] = delta.rename("delta").reset_index()
-result = delta.head(5).round(2).to_dict()
-"""
+# QOQ_CODE: the article's quarter-over-quarter code, verbatim (shared with `dataref demo`).
 # The chained call: works on the previous call's output, by reference.
 CHAIN_CODE = """\
 worst = qoq.nsmallest(10, "delta")

@@ -23,18 +23,13 @@ import pytest
 from fastmcp import Client
 
 from dataref.app import create_app
+from dataref.walkthrough import QOQ_CODE
 
 from ..conftest import free_port, make_settings
 from .conftest import NODE_BIN
 from .node import HERE
 
-QOQ = """\
-q = sales.assign(q=sales.date.dt.to_period("Q"))
-pivot = q.pivot_table(index="line", columns="q", values="revenue", aggfunc="sum")
-delta = (pivot.iloc[:, -1] - pivot.iloc[:, -2]).sort_values()
-outputs["qoq"] = delta.rename("delta").reset_index()
-result = delta.head(5).round(2).to_dict()
-"""
+QOQ = QOQ_CODE  # the article's code, verbatim
 WORST = """\
 falling = qoq[qoq.delta < 0]
 result = {"lines_down": int(len(falling)), "total_drop": round(float(falling.delta.sum()), 2)}
