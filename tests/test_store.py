@@ -13,7 +13,7 @@ import pytest
 
 from dataref.config import StoreSettings
 from dataref.errors import LimitExceeded, NotFound
-from dataref.store import ArtifactStore, read_untrusted_arrow
+from dataref.store import ArtifactStore
 
 
 class Clock:
@@ -176,17 +176,6 @@ def test_link_into_exposes_the_same_file_without_copying(store, tmp_path):
     assert os.stat(linked).st_ino == os.stat(art.path).st_ino
     with pytest.raises(NotFound):
         store.link_into("bob", art.ref, inputs)
-
-
-def test_untrusted_reader_refuses_symlinks_and_oversized_files(tmp_path, store):
-    art = store.put_frame("alice", FRAME, lineage={})
-    link = tmp_path / "evil.arrow"
-    link.symlink_to(art.path)
-    with pytest.raises(OSError):
-        read_untrusted_arrow(link, 10_000_000)
-    with pytest.raises(LimitExceeded):
-        read_untrusted_arrow(art.path, 10)
-    assert read_untrusted_arrow(art.path, 10_000_000).num_rows == 3
 
 
 def test_charts_are_stored_as_bytes_with_their_own_prefix(store):

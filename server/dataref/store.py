@@ -18,10 +18,9 @@ import os
 import re
 import secrets
 import sqlite3
-import stat
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -386,9 +385,6 @@ class ArtifactStore:
                     with contextlib.suppress(FileNotFoundError):
                         blob.unlink()
 
-    def iter_files(self) -> Iterator[Path]:
-        yield from self.blobs.iterdir()
-
 
 def part_name(stem: str) -> str:
     """A temporary file's name, carrying the writer's pid so a restart knows what is stale."""
@@ -412,25 +408,6 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
-
-
-def read_untrusted_arrow(path: Path, max_bytes: int) -> pa.Table:
-    """Read an Arrow IPC file a kernel wrote: no symlinks, a regular file, within the cap."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise StorageError(f"output file {path.name} is not a regular file")
-        if info.st_size > max_bytes:
-            raise LimitExceeded(
-                f"output exceeds size cap ({human_bytes(info.st_size)} > {human_bytes(max_bytes)})"
-                " - keep fewer rows or columns in outputs, or aggregate first"
-            )
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read()
-    finally:
-        os.close(fd)
-    return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
 def _fsync_dir(path: Path) -> None:
