@@ -10,7 +10,11 @@ from .config import Settings, load_settings
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dataref", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="dataref",
+        description="dataref: an MCP server that lets an AI agent analyse data by reference "
+        "(rows stay on the server; the model gets shapes and small results).",
+    )
     parser.add_argument("--config", help="TOML config file (default: $DATAREF_CONFIG)")
     sub = parser.add_subparsers(dest="command", required=True)
 
