@@ -296,3 +296,15 @@ async def test_every_tool_is_documented_in_the_readme(client):
     readme = (ROOT / "README.md").read_text()
     for tool in await client.list_tools():
         assert f"`{tool.name}`" in readme, tool.name
+
+
+async def test_drop_artifact_frees_quota_and_the_ref_is_then_unknown(client):
+    ref = (await client.call_tool("fetch_sales", {"since": "2025-12-01"})).structured_content[
+        "dataRef"
+    ]
+    dropped = (await client.call_tool("drop_artifact", {"dataRef": ref})).structured_content
+    assert dropped["dropped"] == ref and dropped["freed_bytes"] > 0
+    with pytest.raises(ToolError, match="fetch the data again"):
+        await client.call_tool("describe_data", {"dataRef": ref})
+    with pytest.raises(ToolError, match="fetch the data again"):
+        await client.call_tool("drop_artifact", {"dataRef": ref})

@@ -40,13 +40,14 @@ Variables persist per notebook (default one if omitted). Errors say how to recov
 
 READ_ONLY = ToolAnnotations(readOnlyHint=True, idempotentHint=True, openWorldHint=False)
 CREATES = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=False)
+DESTROYS = ToolAnnotations(readOnlyHint=False, destructiveHint=True, idempotentHint=True)
 CREATES_FROM_SOURCE = ToolAnnotations(readOnlyHint=False, destructiveHint=False, openWorldHint=True)
 
 ToolFunction = Callable[..., Awaitable[Any]]
 
 NotebookArg = Annotated[
     str | None,
-    Field(description='Notebook handle (nb_...); omit for your default one; "new" starts another.'),
+    Field(description='Notebook handle nb_...; omitted: your default one; "new": a fresh one.'),
 ]
 DataRefArg = Annotated[str, Field(description="A dataRef returned by an earlier call.")]
 
@@ -81,10 +82,20 @@ def tool(mcp: FastMCP, annotations: ToolAnnotations) -> Callable[[ToolFunction],
     return register
 
 
+class CompactTool(FunctionTool):
+    """A tool whose listing leaves out FastMCP's empty ``_meta.fastmcp.tags``."""
+
+    def get_meta(self) -> dict[str, Any]:
+        meta = super().get_meta()
+        if meta.get("fastmcp") == {"tags": []}:
+            del meta["fastmcp"]
+        return meta
+
+
 def function_tool(
     fn: ToolFunction, *, name: str, annotations: ToolAnnotations, description: str | None = None
 ) -> FunctionTool:
-    made = FunctionTool.from_function(
+    made = CompactTool.from_function(
         tool_errors(fn),
         name=name,
         description=description,
@@ -226,6 +237,11 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
     async def describe_data(dataRef: DataRefArg) -> dict[str, Any]:
         """Per-column stats of an artifact: count, nulls, unique, min/max/mean/std/quartiles."""
         return await asyncio.to_thread(app.ws.describe_data, app.owners.current(), dataRef)
+
+    @tool(mcp, DESTROYS)
+    async def drop_artifact(dataRef: DataRefArg) -> dict[str, Any]:
+        """Delete one of your artifacts or charts to free quota."""
+        return await asyncio.to_thread(app.ws.drop_artifact, app.owners.current(), dataRef)
 
     @tool(mcp, READ_ONLY)
     async def list_artifacts() -> dict[str, Any]:

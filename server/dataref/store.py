@@ -258,7 +258,8 @@ class ArtifactStore:
         if used + size > quota:
             raise LimitExceeded(
                 f"owner quota exceeded ({human_bytes(used)} used + {human_bytes(size)} new > "
-                f"{human_bytes(quota)}) - narrow the query, or drop artifacts you no longer need"
+                f"{human_bytes(quota)}) - narrow the query, or drop_artifact the ones you "
+                "no longer need"
             )
 
     def _insert(self, art: Artifact) -> None:
@@ -337,12 +338,13 @@ class ArtifactStore:
     def usage(self, owner: str) -> int:
         return sum(a.bytes for a in self.list(owner))
 
-    def drop(self, owner: str, ref: str) -> None:
+    def drop(self, owner: str, ref: str) -> Artifact:
         art = self.get(owner, ref)
         with self._lock, self._db:
             self._db.execute("DELETE FROM artifacts WHERE ref = ?", (art.ref,))
         with contextlib.suppress(FileNotFoundError):
             art.path.unlink()
+        return art
 
     def _row_to_artifact(self, row: tuple[Any, ...]) -> Artifact:
         return Artifact(
@@ -421,7 +423,7 @@ def _fsync_dir(path: Path) -> None:
 def _storage_error(exc: OSError) -> StorageError:
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return StorageError(
-            "the server's disk is full - drop artifacts you no longer need, "
+            "the server's disk is full - drop_artifact the ones you no longer need, "
             "or ask the operator to free space; nothing was stored"
         )
     return StorageError(f"the artifact store could not write ({exc.strerror}) - try again")

@@ -114,3 +114,7 @@ class Workspace:
 
     def list_artifacts(self, owner: str) -> dict[str, Any]:
         return {"artifacts": [a.summary() for a in self.store.list(owner)]}
+
+    def drop_artifact(self, owner: str, ref: str) -> dict[str, Any]:
+        art = self.store.drop(owner, ref)
+        return {"dropped": art.ref, "freed_bytes": art.bytes}
