@@ -29,6 +29,7 @@ CONTRACT: dict[str, dict[str, Any]] = {
     "list_artifacts": {},
     "export_notebook": {},
     "reset_kernel": {},
+    "drop_artifact": {"dataRef": REF},
 }
 OK, TOOL_ERROR, AUTH_REQUIRED = 0, 5, 3  # the Inspector CLI's exit codes
 
@@ -67,6 +68,8 @@ def check(tool: str, run: Run) -> None:
         assert structured["ok"] is True and structured["result"] > 0, detail
     if tool == "render_chart":
         assert any(block["type"] == "image" for block in result["content"]), detail
+    if tool == "drop_artifact":
+        assert structured["freed_bytes"] > 0, detail
     if tool == "describe_data":
         assert "revenue" in structured["columns"]
 
@@ -119,11 +122,13 @@ def call_all(
         check(tool["name"], run)
         return tool["name"]
 
-    # reset_kernel last: run at the same time, it would stop run_python's kernel mid-call.
-    parallel = [t for t in tools if t["name"] not in ("fetch_sales", "reset_kernel")]
+    # Last, one at a time: run with the others, reset_kernel would stop run_python's kernel
+    # mid-call and drop_artifact would delete the ref the others read.
+    last = ("reset_kernel", "drop_artifact")
+    parallel = [t for t in tools if t["name"] not in ("fetch_sales", *last)]
     with ThreadPoolExecutor(workers) as pool:
         called = ["fetch_sales", *pool.map(one, parallel)]
-    return called + [one(t) for t in tools if t["name"] == "reset_kernel"]
+    return called + [one(t) for name in last for t in tools if t["name"] == name]
 
 
 # -- stdio: the Inspector launches `dataref serve` itself ---------------------------------
