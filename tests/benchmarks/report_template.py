@@ -72,10 +72,10 @@ so absolute times are noisy; ratios measured in the same run hold better.
   baseline keeps in its in-memory store).
 * **Staging**: a `run_python` whose input is a freshly fetched 1M × 10 artifact (a new
   dataRef each time, so it is staged each time) against a trivial call on the same kernel,
-  and against an in-process Arrow memory-map read + zero-copy `to_pandas` of the same table.
+  and against an in-process Arrow memory-map read + `to_pandas` of the same table.
 * **5M compute**: the QoQ call of the 5M sessions (it stages the fetched artifact) and the same
   call again with the input bound, against `exec` of the same code in the harness process on
-  a frame loaded the way a kernel loads it (memory-map + zero-copy `to_pandas`): its first run
+  a frame loaded the way a kernel loads it (memory-map + `to_pandas`): its first run
   on the freshly loaded frame (it pays the first-touch costs of a memory-mapped frame, as the
   kernel's first call does) and a second run. The in-process reps alternate with the
   bound-input calls (5 each), so both see the same load on the shared machine.

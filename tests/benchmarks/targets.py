@@ -169,6 +169,42 @@ def concurrency(v: View) -> Verdict:
     )
 
 
+def first_call(v: View) -> Verdict:
+    first = v.get("multi_owner", "first_call")
+    return Verdict(
+        "first call of a new notebook (warm spare) ≤ 150 ms (compute issue)",
+        f"p50 {ms(median(first))}, p95 {ms(p95(first))}",
+        _at_most(median(first), 0.150),
+        "a warm spare was not ready: the call paid a kernel start",
+    )
+
+
+def staging(v: View) -> Verdict:
+    """What binding a fresh 1M × 10 input adds to a call, against doing the same in-process."""
+    d = v.srv("dataref", "1M", "staging") or {}
+    added = None
+    if d.get("with_input") and d.get("trivial"):
+        added = median(d["with_input"]) - median(d["trivial"])
+    floor = median(v.get("in_process", "mmap_read"))
+    r = ratio(added, floor)
+    return Verdict(
+        "staging a 1M × 10 artifact ≤ 1.5× an in-process memory-map read (compute issue)",
+        f"added to a call: {ms(added)} (call with the fresh input minus a trivial call) vs "
+        f"in-process mmap + to_pandas {ms(floor)}: {times(r)}",
+        _at_most(r, 1.5),
+        "the kernel's bind (hard link, memory-map, to_pandas) plus loading it across the "
+        "sandbox costs more than the same read in one process",
+    )
+
+
 def verdicts(v: View) -> list[Verdict]:
-    checks = (per_call_vs_seed, per_call_vs_raw, session_bytes, tools_list, compute_5m)
+    checks = (
+        per_call_vs_seed,
+        per_call_vs_raw,
+        session_bytes,
+        tools_list,
+        compute_5m,
+        first_call,
+        staging,
+    )
     return [check(v) for check in checks] + [concurrency(v)]

@@ -112,11 +112,12 @@ async def staging(meter: Meter, rows: int, cols: int, reps: int) -> dict[str, li
 
 
 def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
-    """The in-process floor of staging: Arrow memory-map read + zero-copy ``to_pandas``."""
+    """The in-process floor of staging: what a kernel does to bind an input (Arrow
+    memory-map read + ``to_pandas``, numeric columns consolidated), in this process."""
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas(split_blocks=True)
+        frame = read_arrow(path).to_pandas()
         samples.append(time.perf_counter() - started)
         del frame
     return samples
@@ -137,12 +138,12 @@ async def compare_qoq(meter: Meter, ref: str, path: Path, reps: int) -> dict[str
 
 def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
     """The same pandas code in this process. Each rep loads the table as a kernel does
-    (memory-map + zero-copy to_pandas), then runs the code twice: the first run pays what a
+    (memory-map + to_pandas), then runs the code twice: the first run pays what a
     fresh frame costs on first touch (page faults, lazy conversions), the second does not."""
     out: dict[str, list[float]] = {"load": [], "first": [], "again": []}
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas(split_blocks=True)
+        frame = read_arrow(path).to_pandas()
         out["load"].append(time.perf_counter() - started)
         for key in ("first", "again"):
             namespace: dict[str, Any] = {"sales": frame, "outputs": {}}
