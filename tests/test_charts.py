@@ -6,7 +6,6 @@ import asyncio
 import base64
 import io
 import json
-import shutil
 
 import numpy as np
 import pandas as pd
@@ -23,6 +22,7 @@ from dataref.config import local_user
 from dataref.errors import InvalidRequest, NotFound
 
 from .conftest import make_settings
+from .kernel_support import require_bwrap
 
 NEVER_ISSUED = "chart_AAAAAAAAAAAAAAAAAAAAAA"
 
@@ -260,8 +260,8 @@ async def test_the_artifact_resource_gives_the_description_and_hides_other_owner
 # -- figures drawn inside run_python ------------------------------------------------------
 
 
-@pytest.mark.skipif(shutil.which("bwrap") is None, reason="kernels need bubblewrap")
 async def test_figures_drawn_in_run_python_come_back_as_bounded_images_never_as_text(tmp_path):
+    require_bwrap()
     settings = make_settings(tmp_path)
     code = (
         "import numpy as np, matplotlib.pyplot as plt\n"
