@@ -27,12 +27,22 @@ import pyarrow.ipc
 outputs = {}
 
 
-def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the agent's namespace
+def _dataref_load_convert(startup_dir):
+    """lib/convert.py next to this file, by path: shared with dataref.replay, and never
+    importable (or replaceable) through sys.path."""
+    import importlib.util
+    import os
+
+    path = os.path.join(startup_dir, "lib", "convert.py")
+    spec = importlib.util.spec_from_file_location("_dataref_convert", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the agent's namespace
     import ast
-    import datetime as dt
-    import decimal
     import json
-    import math
     import os
     import re
     import weakref
@@ -43,6 +53,7 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
 
     shell = get_ipython()
     ns = shell.user_ns
+    convert = load_convert(shell.profile_dir.startup_dir)
     inputs_dir = os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs")
     out_root = os.environ.get("DATAREF_OUTPUT_DIR", "/sandbox/.dataref/out")
     mime = "application/vnd.dataref.collect+json"
@@ -89,26 +100,6 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
 
     # -- outputs --------------------------------------------------------------------------
 
-    def normalise(frame):
-        """What Arrow can store without losing information the agent meant to keep."""
-        index = frame.index
-        positional = index.name is None and not isinstance(index, pd.MultiIndex)
-        if positional and (pd.api.types.is_integer_dtype(index.dtype) or len(index) == 0):
-            frame = frame.reset_index(drop=True)  # leftover row numbers, e.g. after a filter
-        else:
-            frame = frame.reset_index()  # a labelled index (groupby keys, dates): keep it
-        columns = frame.columns
-        if isinstance(columns, pd.MultiIndex):
-            names = ["_".join(str(p) for p in key if str(p) != "") for key in columns]
-        else:
-            names = [str(c) for c in columns]
-        dupes = sorted({n for n in names if names.count(n) > 1})
-        if dupes:
-            raise ValueError(f"duplicate column names {dupes} - rename them")
-        frame = frame.copy(deep=False)
-        frame.columns = names
-        return frame
-
     def write_output(cell_dir, name, value):
         if isinstance(value, pd.Series):
             value = value.to_frame(name=value.name if value.name is not None else name)
@@ -118,7 +109,7 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
                 " - wrap it, e.g. pd.DataFrame(...), or return small values in `result`"
             )
         try:
-            table = pa.Table.from_pandas(normalise(value), preserve_index=False)
+            table = pa.Table.from_pandas(convert.normalise(value), preserve_index=False)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
             raise TypeError(
                 f"cannot be stored as a table ({str(exc)[:200]}) - convert mixed or"
@@ -170,72 +161,13 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
 
     # -- result ---------------------------------------------------------------------------
 
-    tables = (pd.DataFrame, pd.Series, pd.Index, np.ndarray)
-
-    def key_text(key, where):
-        key = to_json(key, where, 0, set())
-        if isinstance(key, str):
-            return key
-        return json.dumps(key)  # 1 -> "1", None -> "null", True -> "true"
-
-    def to_json(value, where, depth, seen):
-        """A JSON-ready copy of ``value``; TypeError names the offending part."""
-        if value is None or isinstance(value, (bool, str)):
-            return value
-        if isinstance(value, (int, np.integer)):
-            return int(value)
-        if isinstance(value, np.bool_):
-            return bool(value)
-        if isinstance(value, (float, np.floating, decimal.Decimal)):
-            number = float(value)
-            return number if math.isfinite(number) else None
-        if value is pd.NA or value is pd.NaT:
-            return None
-        if isinstance(value, np.datetime64):
-            stamp = pd.Timestamp(value)
-            return None if stamp is pd.NaT else stamp.isoformat()
-        if isinstance(value, (dt.datetime, dt.date, dt.time)):
-            return value.isoformat()  # pd.Timestamp is a datetime
-        if isinstance(value, (dt.timedelta, np.timedelta64, pd.Period, pd.Interval)):
-            return str(pd.Timedelta(value)) if isinstance(value, np.timedelta64) else str(value)
-        if isinstance(value, tables):
-            raise TypeError(
-                f"{where} is a {type(value).__name__}: put tables in outputs['name'] = df, or"
-                " make it small and plain with .to_dict() / .tolist()"
-            )
-        return to_json_container(value, where, depth, seen)
-
-    def to_json_container(value, where, depth, seen):
-        if depth > 50 or id(value) in seen:
-            raise TypeError(f"{where} is nested too deeply or refers to itself")
-        seen = seen | {id(value)}
-        if isinstance(value, dict):
-            return {
-                key_text(k, where): to_json(v, f"{where}[{k!r}]", depth + 1, seen)
-                for k, v in value.items()
-            }
-        if isinstance(value, (list, tuple)):
-            return [to_json(v, f"{where}[{i}]", depth + 1, seen) for i, v in enumerate(value)]
-        if isinstance(value, (set, frozenset)):
-            items = [to_json(v, f"{where} item", depth + 1, seen) for v in value]
-            try:
-                return sorted(items)
-            except TypeError:
-                return items
-        if isinstance(value, np.generic):  # np.str_, np.complex...: their Python value
-            return to_json(value.item(), where, depth + 1, seen)
-        raise TypeError(
-            f"{where} is a {type(value).__name__}, which is not JSON - use numbers, strings,"
-            " lists and dicts (str(x) works for most objects)"
-        )
-
     def collect_result(manifest, max_bytes):
         if "result" not in ns:
             return
         manifest["has_result"] = True
         try:
             text = json.dumps(
-                to_json(ns["result"], "result", 0, set()),
+                convert.to_json(ns["result"], "result"),
                 ensure_ascii=False,
                 separators=(",", ":"),
                 allow_nan=False,
@@ -333,8 +265,8 @@ def _dataref_install(np, pd, pa, plt):  # a closure keeps helpers out of the age
     ns["__dataref_collect__"] = collect
 
 
-_dataref_install(numpy, pandas, pyarrow, matplotlib.pyplot)
+_dataref_install(pandas, pyarrow, matplotlib.pyplot, _dataref_load_convert)
 # The kernel starts with python -P (its cwd is not on sys.path, so nothing planted in /sandbox
 # runs at startup); the agent's own modules in /sandbox stay importable, after the packages.
 __import__("sys").path.append("")
-del _dataref_install, matplotlib, numpy, pandas, pyarrow
+del _dataref_install, _dataref_load_convert, matplotlib, numpy, pandas, pyarrow

@@ -12,14 +12,10 @@
 
 from __future__ import annotations
 
-import datetime as dt
-import decimal
 import json
-import math
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
 
@@ -57,7 +53,7 @@ def fetch(producer_name: str, **arguments: Any) -> pd.DataFrame:
 
     settings, owner = _settings()
     producer = _registry().get(producer_name)
-    arguments = {k: v for k, v in arguments.items() if v is not None}  # as the server does
+    arguments = producer.explicit(arguments)  # as the server records and runs them
     frame = producer.run(ProducerContext(owner=owner, settings=settings), arguments)
     return frame_to_table(frame).to_pandas()
 
@@ -104,25 +100,23 @@ def output(outputs: dict[str, Any], name: str) -> pd.DataFrame:
         value = value.to_frame(name=value.name if value.name is not None else name)
     if not isinstance(value, pd.DataFrame):
         raise InvalidRequest(f"outputs[{name!r}] is a {type(value).__name__}, not a DataFrame")
-    table = pa.Table.from_pandas(_normalise(value), preserve_index=False)
+    table = pa.Table.from_pandas(_convert().normalise(value), preserve_index=False)
     return table.to_pandas()
 
 
-def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
-    """The kernel's rule: leftover row numbers go, a labelled index becomes columns."""
-    index = frame.index
-    positional = index.name is None and not isinstance(index, pd.MultiIndex)
-    if positional and (pd.api.types.is_integer_dtype(index.dtype) or len(index) == 0):
-        frame = frame.reset_index(drop=True)
-    else:
-        frame = frame.reset_index()
-    if isinstance(frame.columns, pd.MultiIndex):
-        names = ["_".join(str(p) for p in key if str(p) != "") for key in frame.columns]
-    else:
-        names = [str(c) for c in frame.columns]
-    frame = frame.copy(deep=False)
-    frame.columns = names
-    return frame
+def _convert() -> Any:
+    """The kernel profile's conversion rules (``kernel_profile/startup/lib/convert.py``)."""
+    if "convert" not in _state:
+        import importlib.util
+
+        from .kernels.sandbox import profile_startup_dir
+
+        path = profile_startup_dir() / "lib" / "convert.py"
+        spec = importlib.util.spec_from_file_location("_dataref_convert", path)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        spec.loader.exec_module(module)  # type: ignore[union-attr]
+        _state["convert"] = module
+    return _state["convert"]
 
 
 # -- result: the JSON the agent received ------------------------------------------------
@@ -143,54 +137,7 @@ def show(value: Any) -> Shown | None:
     """``result`` as the server returned it (numpy, pandas and dates made plain JSON)."""
     if value is None:
         return None
-    return Shown(json.loads(json.dumps(jsonable(value))))
-
-
-_TABLES = (pd.DataFrame, pd.Series, pd.Index, np.ndarray)
-
-
-def jsonable(value: Any, depth: int = 0) -> Any:
-    """The kernel's conversion of ``result`` to JSON (``kernel_profile``), value for value."""
-    if value is None or isinstance(value, (bool, str)):
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, (float, np.floating, decimal.Decimal)):
-        number = float(value)
-        return number if math.isfinite(number) else None
-    if value is pd.NA or value is pd.NaT:
-        return None
-    if isinstance(value, np.datetime64):
-        stamp = pd.Timestamp(value)
-        return None if stamp is pd.NaT else stamp.isoformat()
-    if isinstance(value, (dt.datetime, dt.date, dt.time)):
-        return value.isoformat()
-    if isinstance(value, np.timedelta64):
-        return str(pd.Timedelta(value))
-    if isinstance(value, (dt.timedelta, pd.Period, pd.Interval)):
-        return str(value)
-    if isinstance(value, _TABLES) or depth > 50:
-        raise TypeError(f"result holds a {type(value).__name__}, which the server does not return")
-    if isinstance(value, dict):
-        return {_key(k): jsonable(v, depth + 1) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v, depth + 1) for v in value]
-    if isinstance(value, (set, frozenset)):
-        items = [jsonable(v, depth + 1) for v in value]
-        try:
-            return sorted(items)
-        except TypeError:
-            return items
-    if isinstance(value, np.generic):
-        return jsonable(value.item(), depth + 1)
-    raise TypeError(f"result holds a {type(value).__name__}, which is not JSON")
-
-
-def _key(key: Any) -> str:
-    key = jsonable(key)
-    return key if isinstance(key, str) else json.dumps(key)
+    return Shown(json.loads(json.dumps(_convert().to_json(value))))
 
 
 # -- charts -------------------------------------------------------------------------------
@@ -202,34 +149,8 @@ def chart(
     """The chart ``render_chart`` drew: same drawing code, same size; displays inline."""
     from IPython.display import Image
 
+    from .charts import render_png
+
     columns = [c for c in dict.fromkeys((x, y)) if c]
-    frame = frame[columns]
-    try:
-        from .consumers import draw_chart  # type: ignore[attr-defined]
-    except ImportError:
-        draw_chart = None
-    if draw_chart is not None:
-        drawn = draw_chart(frame, x, y, kind, title)
-        return Image(data=drawn) if isinstance(drawn, bytes) else drawn
-    try:
-        from .charts import render_png
-    except ImportError:
-        return _fallback_chart(frame, x, y, kind, title)
-    png, _notes = render_png(frame, x, y, kind, title, _settings()[0].charts)
+    png, _notes = render_png(frame[columns], x, y, kind, title, _settings()[0].charts)
     return Image(data=png)
-
-
-def _fallback_chart(
-    frame: pd.DataFrame, x: str, y: str | None, kind: str, title: str | None
-) -> Any:
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 4.5), layout="constrained")
-    ax = fig.add_subplot()
-    if kind == "hist" or y is None:
-        ax.hist(frame[x].dropna(), bins=30)
-    else:
-        plot = {"bar": ax.bar, "line": ax.plot, "scatter": ax.scatter, "area": ax.fill_between}
-        plot[kind](frame[x].astype(str) if kind == "bar" else frame[x], frame[y])
-    ax.set_title(title or (f"{y} by {x}" if y else x))
-    return fig
