@@ -20,7 +20,6 @@ from fastmcp.exceptions import ToolError
 from dataref import consumers, downloads
 from dataref.app import create_app
 from dataref.config import local_user
-from dataref.downloads import sweep_exports
 from dataref.errors import InvalidRequest
 
 from .conftest import HttpServer, free_port, make_settings
@@ -208,8 +207,8 @@ async def test_the_sweeper_deletes_expired_exports_and_their_links(local, monkey
     stray = path.with_name("stray.csv")
     stray.write_text("left by a crash\n")
     os.utime(stray, (time.time() - 7200, time.time() - 7200))
-    assert sweep_exports(ws.settings) == 0 and path.exists()
+    assert ws.sweep_exports() == 0 and path.exists()
     later = time.time() + ws.settings.server.download_ttl_seconds + 1
     monkeypatch.setattr(downloads, "clock", lambda: later)
-    assert sweep_exports(ws.settings) == 1
+    assert ws.sweep_exports() == 1
     assert not path.exists() and not stray.exists()

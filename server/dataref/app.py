@@ -344,11 +344,12 @@ def register_transcript_tools(mcp: FastMCP, app: App) -> None:
         handle = app.ws.transcripts.resolve(owner, notebook)
         return await asyncio.to_thread(
             nbx.export_for_owner,
-            app.settings,
             app.ws.transcripts,
+            app.ws.downloads,
             owner,
             handle,
             download_base(app),
+            app.settings.server.download_ttl_seconds,
         )
 
     def exported_json(ws: Workspace, owner: str, handle: str) -> str:

@@ -8,9 +8,7 @@ results into content blocks. Drawing lives in ``charts.py``, the link index in
 
 from __future__ import annotations
 
-import contextlib
 import errno
-import os
 import secrets
 import time
 from dataclasses import dataclass
@@ -25,7 +23,7 @@ import pyarrow.parquet as pq
 from . import charts
 from . import transcript as transcript_module
 from .describe import describe
-from .downloads import Link, downloads_for
+from .downloads import Link
 from .errors import InvalidRequest, StorageError, unknown_ref
 from .store import Artifact
 
@@ -78,15 +76,8 @@ def render_chart(
     png, drawn = charts.render_png(frame, x, y, kind, title, ws.settings.charts)
     notes += drawn
     args = {"dataRef": data_ref, "x": x, "y": y, "kind": kind, "title": title}
-    art = ws.store.put_bytes(
-        owner,
-        png,
-        kind="chart",
-        media_type="image/png",
-        suffix=".png",
-        lineage={"tool": "render_chart", "args": args, "parents": [data_ref], "notebook": handle},
-        sensitive=source.sensitive,
-    )
+    lineage = {"tool": "render_chart", "args": args, "parents": [data_ref], "notebook": handle}
+    art = store_chart(ws, owner, png, lineage, source.sensitive)
     info: dict[str, Any] = {"chartRef": art.ref, **chart_link(ws, art, base_url)}
     info["bytes"] = art.bytes
     if notes:
@@ -114,7 +105,7 @@ def chart_link(ws: Workspace, art: Artifact, base_url: str | None) -> dict[str, 
     if base_url is None:
         return {"path": str(art.path)}
     ttl = min(ws.settings.server.download_ttl_seconds, max(art.expires - time.time(), 1))
-    link = downloads_for(ws.settings).add(
+    link = ws.downloads.add(
         art.owner,
         kind="chart",
         target=art.ref,
@@ -149,21 +140,27 @@ def kernel_charts(
     return images
 
 
+def store_chart(
+    ws: Workspace, owner: str, png: bytes, lineage: dict[str, Any], sensitive: bool
+) -> Artifact:
+    return ws.store.put_bytes(
+        owner,
+        png,
+        kind="chart",
+        media_type="image/png",
+        suffix=".png",
+        lineage=lineage,
+        sensitive=sensitive,
+    )
+
+
 def store_kernel_figure(
     ws: Workspace, owner: str, data: bytes, name: str, lineage: dict[str, Any], sensitive: bool
 ) -> dict[str, Any] | None:
     """Store a PNG a kernel saved (read by the caller without following links) as a chart."""
     if len(data) > MAX_KERNEL_FIGURE_BYTES or not data.startswith(charts.PNG_MAGIC):
         return None
-    art = ws.store.put_bytes(
-        owner,
-        data,
-        kind="chart",
-        media_type="image/png",
-        suffix=".png",
-        lineage={**lineage, "figure": name},
-        sensitive=sensitive,
-    )
+    art = store_chart(ws, owner, data, {**lineage, "figure": name}, sensitive)
     return {"chartRef": art.ref, "bytes": art.bytes}
 
 
@@ -178,31 +175,24 @@ def export_data(
         raise InvalidRequest(f"unknown export format {fmt!r}; formats are: {', '.join(FORMATS)}")
     table = ws.store.read_table(owner, data_ref)  # memory-mapped: streamed, not loaded
     media_type, suffix = FORMATS[fmt]
-    downloads = downloads_for(ws.settings)
-    directory = downloads.owner_dir(owner)
-    name = f"{data_ref}-{secrets.token_hex(4)}{suffix}"
-    part = directory / f".{name}.part"
+    writer = _write_csv if fmt == "csv" else _write_parquet
     try:
-        (_write_csv if fmt == "csv" else _write_parquet)(table, part)
-        link = downloads.add(
+        link = ws.downloads.publish(
             owner,
-            kind="export",
-            target=name,
+            name=f"{data_ref}-{secrets.token_hex(4)}{suffix}",
             media_type=media_type,
             filename=f"{data_ref}{suffix}",
             ttl=ws.settings.server.download_ttl_seconds,
+            write=lambda path: writer(table, path),
         )
-        os.replace(part, directory / name)
     except OSError as exc:
         raise _export_error(exc) from exc
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            part.unlink()
-    where = {"url": download_url(base_url, link)} if base_url else {"path": str(directory / name)}
+    path = ws.downloads.file_of(link)
+    where = {"url": download_url(base_url, link)} if base_url else {"path": str(path)}
     return {
         **where,
         "rows": table.num_rows,
-        "bytes": (directory / name).stat().st_size,
+        "bytes": path.stat().st_size,
         "format": fmt,
         "expires": _iso(link.expires),
     }
@@ -265,11 +255,10 @@ def _iso(ts: float) -> str:
 
 def open_download(ws: Workspace, owner: str, token: str) -> tuple[Path, Link]:
     """The file behind a download token, for its owner only (else NotFound / LinkExpired)."""
-    downloads = downloads_for(ws.settings)
-    link = downloads.lookup(token, owner)
+    link = ws.downloads.lookup(token, owner)
     if link.kind == "chart":
         return ws.store.get(owner, link.target, kind="chart").path, link
-    return downloads.file_of(link), link
+    return ws.downloads.file_of(link), link
 
 
 def artifact_description(ws: Workspace, owner: str, ref: str) -> dict[str, Any]:

@@ -15,12 +15,12 @@ import os
 import secrets
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import Settings
 from .errors import NotFound
+from .files import part_name
 
 TOKEN_BYTES = 24  # 192 random bits in every URL
 # Module-level so tests can move time forward (monkeypatch downloads.clock).
@@ -115,6 +115,37 @@ class Downloads:
             )
         return link
 
+    def publish(
+        self,
+        owner: str,
+        *,
+        name: str,
+        media_type: str,
+        filename: str,
+        ttl: float,
+        write: Callable[[Path], object],
+    ) -> Link:
+        """Write an export file for ``owner`` (``write(path)``) and link it: the file is in
+        place, under ``name``, only once its link exists (a crash leaves a stray the sweep
+        removes)."""
+        directory = self.owner_dir(owner)
+        part = directory / part_name(name)
+        try:
+            write(part)
+            link = self.add(
+                owner,
+                kind="export",
+                target=name,
+                media_type=media_type,
+                filename=filename,
+                ttl=ttl,
+            )
+            os.replace(part, directory / name)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                part.unlink()
+        return link
+
     def lookup(self, token: str, owner: str) -> Link:
         """The owner's live link; another owner's link is as unknown as a made-up one."""
         with self._db() as db:
@@ -171,12 +202,3 @@ class Downloads:
 
 def _recall(kind: str) -> str:
     return "render_chart" if kind == "chart" else "export_data"
-
-
-def downloads_for(settings: Settings) -> Downloads:
-    return Downloads(settings.state_dir / "exports")
-
-
-def sweep_exports(settings: Settings) -> int:
-    """The workspace sweeper's hook: expired exports and links go."""
-    return downloads_for(settings).sweep(grace=settings.server.download_ttl_seconds)

@@ -8,8 +8,6 @@ validated before anyone sees it.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import secrets
 import time
 from pathlib import Path
@@ -20,6 +18,8 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from . import __version__
 from .config import Settings
+from .downloads import Downloads
+from .files import write_atomic
 from .transcript import Transcripts
 
 MEDIA_TYPE = "application/x-ipynb+json"
@@ -64,22 +64,17 @@ def write_notebook(nb: nbformat.NotebookNode, path: Path) -> Path:
     """Write atomically (a reader never sees half a notebook); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    part = path.with_name(f".{path.name}.{secrets.token_hex(4)}.part")
-    try:
-        part.write_text(notebook_json(nb), encoding="utf-8")
-        os.replace(part, path)
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            part.unlink()
+    write_atomic(path, notebook_json(nb), durable=False)
     return path
 
 
 def export_for_owner(
-    settings: Settings,
     transcripts: Transcripts,
+    downloads: Downloads,
     owner: str,
     handle: str,
     base_url: str | None = None,
+    ttl: float = 3600,
 ) -> dict[str, Any]:
     """The export tool: ``{path, cells, notebook}`` locally, ``{url, ...}`` over HTTP.
 
@@ -92,18 +87,14 @@ def export_for_owner(
         path = write_notebook(nb, transcripts.root / "exports" / f"{handle}.ipynb")
         return {"path": str(path), **info}
     from .consumers import download_url
-    from .downloads import downloads_for
 
-    downloads = downloads_for(settings)
-    name = f"{handle}-{secrets.token_hex(4)}.ipynb"
-    write_notebook(nb, downloads.owner_dir(owner) / name)
-    link = downloads.add(
+    link = downloads.publish(
         owner,
-        kind="export",
-        target=name,
+        name=f"{handle}-{secrets.token_hex(4)}.ipynb",
         media_type=MEDIA_TYPE,
         filename=f"{handle}.ipynb",
-        ttl=settings.server.download_ttl_seconds,
+        ttl=ttl,
+        write=lambda path: path.write_text(notebook_json(nb), encoding="utf-8"),
     )
     return {"url": download_url(base_url, link), **info}
 

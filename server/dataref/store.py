@@ -29,7 +29,8 @@ import pandas as pd
 import pyarrow as pa
 
 from .config import StoreSettings
-from .errors import LimitExceeded, StorageError, human_bytes, unknown_ref
+from .errors import LimitExceeded, human_bytes, unknown_ref
+from .files import fsync_dir, part_name, remove_stale_parts, storage_error
 
 REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
 # What a ref we minted looks like; anything else is unknown without asking the database
@@ -232,10 +233,10 @@ class ArtifactStore:
                 self._check_quota(owner, size)
                 os.replace(part, final)
                 self._insert(art)
-            _fsync_dir(self.blobs)
+            fsync_dir(self.blobs)
             return art
         except OSError as exc:
-            raise _storage_error(exc) from exc
+            raise storage_error(exc) from exc
         finally:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
@@ -320,7 +321,7 @@ class ArtifactStore:
             os.link(art.path, dest)
         except OSError as exc:
             if exc.errno != errno.EXDEV:
-                raise _storage_error(exc) from exc
+                raise storage_error(exc) from exc
             import shutil  # a different filesystem: copying is the only way
 
             shutil.copyfile(art.path, dest)
@@ -386,44 +387,3 @@ class ArtifactStore:
                 if blob.name not in known:
                     with contextlib.suppress(FileNotFoundError):
                         blob.unlink()
-
-
-def part_name(stem: str) -> str:
-    """A temporary file's name, carrying the writer's pid so a restart knows what is stale."""
-    return f"{stem}.{os.getpid()}-{secrets.token_hex(4)}.part"
-
-
-def remove_stale_parts(directory: Path) -> None:
-    """Delete .part files whose writer is gone (a crash); a live server's writes stay."""
-    for part in directory.glob("*.part"):
-        match = re.search(r"\.(\d+)-[0-9a-f]+\.part$", part.name)
-        if match and int(match.group(1)) != os.getpid() and _alive(int(match.group(1))):
-            continue
-        part.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _storage_error(exc: OSError) -> StorageError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageError(
-            "the server's disk is full - drop_artifact the ones you no longer need, "
-            "or ask the operator to free space; nothing was stored"
-        )
-    return StorageError(f"the artifact store could not write ({exc.strerror}) - try again")

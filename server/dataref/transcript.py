@@ -12,7 +12,6 @@ added, so the variable names stay consistent across the whole notebook.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import json
 import os
@@ -29,7 +28,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
-from .store import part_name, remove_stale_parts
+from .files import remove_stale_parts, write_atomic
 
 HANDLE_BYTES = 16
 _HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
@@ -164,23 +163,14 @@ class Transcripts:
     def _write(self, handle: str, nb: nbformat.NotebookNode) -> None:
         """Atomic rewrite: a crash leaves the previous complete notebook."""
         path = self._path(handle)
-        part = self.root / part_name(handle)
         try:
             # Compact JSON (the C encoder) and no re-validation of the whole notebook on every
             # call: cells are built only with nbformat's constructors, and exports validate.
-            text = json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n"
-            with open(part, "w", encoding="utf-8") as f:
-                f.write(text)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(part, path)
+            write_atomic(path, json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n")
             self._cache[handle] = (_identity(path), nb)
         except BaseException:
             self._cache.pop(handle, None)  # the file still holds the previous notebook
             raise
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                part.unlink()
 
 
 def _identity(path: Path) -> tuple[int, int]:

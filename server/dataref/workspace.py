@@ -15,7 +15,7 @@ from typing import Any
 
 from .config import Settings
 from .describe import describe, describe_columns
-from .downloads import sweep_exports
+from .downloads import Downloads
 from .errors import ComputeError
 from .producers import ProducerContext, ProducerRegistry, load_producers
 from .store import ArtifactStore
@@ -28,6 +28,7 @@ class Workspace:
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.store = ArtifactStore(settings.state_dir / "store", settings.store)
         self.transcripts = Transcripts(settings.state_dir / "notebooks")
+        self.downloads = Downloads(settings.state_dir / "exports")
         self.producers: ProducerRegistry = load_producers(settings)
         self.pool: Any = None  # KernelPool, started by start()
         self.kernel_problem: str | None = None  # why the pool did not start, if it did not
@@ -68,7 +69,11 @@ class Workspace:
             with contextlib.suppress(Exception):  # a failed sweep must not stop the next one
                 await asyncio.to_thread(self.store.sweep)
             with contextlib.suppress(Exception):
-                await asyncio.to_thread(sweep_exports, self.settings)
+                await asyncio.to_thread(self.sweep_exports)
+
+    def sweep_exports(self) -> int:
+        """Expired exports and download links go; returns how many links expired."""
+        return self.downloads.sweep(grace=self.settings.server.download_ttl_seconds)
 
     # -- producers -------------------------------------------------------------
 
