@@ -75,6 +75,6 @@ def header(cell: str, bind: dict[str, str] | None = None) -> str:
 
 def kernel_processes(uids: set[int]) -> list[int]:
     """Host pids whose real uid is one of ``uids``."""
-    from dataref.kernels.sandbox import processes
+    from dataref.kernels.uids import processes
 
     return [pid for pid, uid in processes() if uid in uids]

@@ -206,7 +206,7 @@ def test_a_chart_that_renders_too_large_is_palette_reduced_under_the_bound(tmp_p
 
 
 def test_an_oversized_kernel_figure_is_shrunk_for_the_agent():
-    from dataref.charts import shrink_png
+    from dataref.png import shrink_png
 
     rng = np.random.default_rng(0)
     noise = Image.fromarray(rng.integers(0, 255, (900, 1600, 3), dtype=np.uint8))

@@ -11,6 +11,7 @@ import secrets
 import socket
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -134,8 +135,8 @@ async def test_host_files_the_store_and_a_sibling_kernel_are_invisible(
         str(pool.settings.state_dir / "store" / "secret.arrow"),
         str(bob.box.work / "bobs_notes.txt"),
         str(bob.inputs_dir),
-        "/work/main/pyproject.toml",
-        "/root/.bashrc",
+        str(Path(__file__).resolve().parents[1] / "pyproject.toml"),  # the project checkout
+        str(Path.home() / ".bashrc"),
     ]
     out = await probe(
         alice,

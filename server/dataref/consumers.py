@@ -25,6 +25,7 @@ from . import transcript as transcript_module
 from .describe import describe
 from .downloads import Link
 from .errors import InvalidRequest, StorageError, unknown_ref
+from .png import PNG_MAGIC, shrink_png
 from .store import Artifact
 
 if TYPE_CHECKING:
@@ -135,7 +136,7 @@ def kernel_charts(
         if art.sensitive:
             entry["note"] = SENSITIVE_NOTE
         elif len(images) < limit:
-            png = charts.shrink_png(art.path.read_bytes(), ws.settings.charts.max_png_bytes)
+            png = shrink_png(art.path.read_bytes(), ws.settings.charts.max_png_bytes)
             images.append((art.ref, png))
     return images
 
@@ -158,7 +159,7 @@ def store_kernel_figure(
     ws: Workspace, owner: str, data: bytes, name: str, lineage: dict[str, Any], sensitive: bool
 ) -> dict[str, Any] | None:
     """Store a PNG a kernel saved (read by the caller without following links) as a chart."""
-    if len(data) > MAX_KERNEL_FIGURE_BYTES or not data.startswith(charts.PNG_MAGIC):
+    if len(data) > MAX_KERNEL_FIGURE_BYTES or not data.startswith(PNG_MAGIC):
         return None
     art = store_chart(ws, owner, data, {**lineage, "figure": name}, sensitive)
     return {"chartRef": art.ref, "bytes": art.bytes}

@@ -17,12 +17,12 @@ from .sandbox import (
     SETPRIV,
     SOCKET_PATH_MAX,
     KernelBox,
-    UidAllocator,
     bwrap_argv,
     detect_runtime,
     profile_startup_dir,
 )
 from .seccomp import build_filter, supported_arch
+from .uids import UidAllocator
 
 _INSTALL_BWRAP = (
     "install it: `apt-get install bubblewrap` (Debian/Ubuntu) or `dnf install bubblewrap`"

@@ -17,8 +17,9 @@ from typing import BinaryIO
 from ..config import Settings
 from ..errors import ComputeError
 from .manager import SandboxedKernelManager
-from .sandbox import KernelBox, processes
+from .sandbox import KernelBox
 from .session import CellTimers, ExecutionResult, KernelChannels, ProgressCallback, execute_cell
+from .uids import processes
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,8 @@ from jupyter_client.ioloop import AsyncIOLoopKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from ..config import Settings
-from .sandbox import KernelBox, Runtime, bwrap_argv, ipykernel_argv, is_socket_of, kernel_env
+from .sandbox import KernelBox, Runtime, bwrap_argv, ipykernel_argv, kernel_env
+from .uids import is_socket_of
 
 # bwrap and sh get only this; the kernel's own environment is set inside (--clearenv)
 _LAUNCHER_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LANG": "C.UTF-8"}

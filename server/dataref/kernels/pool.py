@@ -21,8 +21,9 @@ from ..errors import ComputeError, LimitExceeded
 from . import sandbox
 from .kernel import NotebookKernel
 from .manager import SandboxedKernelManager
-from .sandbox import KernelBox, UidAllocator, detect_runtime
+from .sandbox import KernelBox, detect_runtime
 from .seccomp import build_filter
+from .uids import UidAllocator
 
 log = logging.getLogger(__name__)
 

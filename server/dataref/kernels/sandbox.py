@@ -1,6 +1,6 @@
 """How a kernel is sandboxed: its directories, its uid, and the bubblewrap command line.
 
-Priv mode (see /work/shared/notes/sandbox.md): the server is root; ``bwrap`` runs without a
+Priv mode: the server is root; ``bwrap`` runs without a
 user namespace and execs ``setpriv`` to a real unprivileged host uid, one per kernel (so
 RLIMIT_NPROC is per kernel and one kernel cannot starve another), then ``prlimit`` sets the
 limits, then ipykernel starts. A seccomp filter (``seccomp.py``) stops nested user namespaces.
@@ -21,13 +21,10 @@ Per kernel, under ``state_dir/kernels/<kernel_id>/``:
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import importlib.resources
 import os
-import pwd
 import shutil
-import stat
 import sys
 import time
 from dataclasses import dataclass, field
@@ -340,73 +337,3 @@ def bwrap_argv(
     args += ["--", SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
     args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
     return args + limits_argv(settings) + inner
-
-
-# -- uids ---------------------------------------------------------------------------------------
-
-
-class UidAllocator:
-    """Hands out host uids from ``uid_base`` .. ``uid_base + uid_count - 1``, one per kernel.
-
-    A uid that names a host account or still owns a process (a kernel of a crashed server) is
-    skipped: RLIMIT_NPROC counts every process of the uid, and sharing it would let kernels
-    starve each other.
-    """
-
-    def __init__(self, base: int, count: int) -> None:
-        self.base, self.count = base, count
-        self.in_use: set[int] = set()
-
-    def allocate(self) -> int:
-        busy = _uids_with_processes()
-        for uid in range(self.base, self.base + self.count):
-            if uid in self.in_use or uid in busy or _is_account(uid):
-                continue
-            self.in_use.add(uid)
-            return uid
-        raise OSError(
-            f"no free kernel uid in {self.base}..{self.base + self.count - 1} - raise "
-            "kernels.uid_count or stop kernels"
-        )
-
-    def release(self, uid: int | None) -> None:
-        if uid is not None:
-            self.in_use.discard(uid)
-
-
-def _is_account(uid: int) -> bool:
-    try:
-        pwd.getpwuid(uid)
-    except KeyError:
-        return False
-    return True
-
-
-def _uids_with_processes() -> set[int]:
-    return {uid for _, uid in processes()}
-
-
-def processes() -> list[tuple[int, int]]:
-    """(pid, real uid) of every process on the host."""
-    found = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with (
-            contextlib.suppress(OSError, ValueError, IndexError),
-            open(f"{entry.path}/status") as status,
-        ):
-            for line in status:
-                if line.startswith("Uid:"):
-                    found.append((int(entry.name), int(line.split()[1])))
-                    break
-    return found
-
-
-def is_socket_of(path: Path, uid: int | None) -> bool:
-    """A real socket (not a symlink planted by the kernel), created by the kernel's uid."""
-    try:
-        info = os.lstat(path)
-    except OSError:
-        return False
-    return stat.S_ISSOCK(info.st_mode) and (uid is None or info.st_uid == uid)
