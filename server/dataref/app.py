@@ -21,7 +21,7 @@ from fastmcp.tools import FunctionTool
 from mcp.types import ToolAnnotations
 from pydantic import Field
 
-from . import __version__
+from . import __version__, compute
 from .auth import OwnerResolver, Transport, build_auth
 from .config import Settings
 from .errors import DatarefError
@@ -207,15 +207,13 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
     ) -> dict[str, Any]:
         """Run pandas code in a stateful sandbox; inputs arrive as DataFrames. Returns
         {ok, result, stdout, error, outputs: {name: Description}, notebook}."""
-        from .compute import run_python as compute
-
         owner = app.owners.current()
 
         async def progress(elapsed: float) -> None:
             if ctx is not None:
                 await ctx.report_progress(elapsed, None, f"running for {elapsed:.0f}s")
 
-        response = await compute(
+        response = await compute.run_python(
             app.ws,
             owner,
             code=code,
@@ -229,9 +227,7 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
     @tool(mcp, CREATES)
     async def reset_kernel(notebook: NotebookArg = None) -> dict[str, Any]:
         """Restart the notebook's kernel: variables are cleared, artifacts stay."""
-        from .compute import reset_kernel as reset
-
-        return await reset(app.ws, app.owners.current(), notebook)
+        return await compute.reset_kernel(app.ws, app.owners.current(), notebook)
 
     @tool(mcp, READ_ONLY)
     async def describe_data(dataRef: DataRefArg) -> dict[str, Any]:

@@ -22,8 +22,10 @@ from typing import Any
 
 import pyarrow as pa
 
+from .consumers import MAX_KERNEL_FIGURE_BYTES, store_kernel_figure
 from .describe import describe
 from .errors import ComputeError, DatarefError, InvalidRequest, LimitExceeded, human_bytes
+from .transcript import record_reset, record_run_python
 from .workspace import Workspace
 
 HEADER_PREFIX = "# dataref:"
@@ -32,8 +34,6 @@ RESERVED_NAMES = frozenset({"outputs", "result", "dr", "In", "Out", "get_ipython
 MAX_CODE_BYTES = 512 * 1024
 MAX_TRACEBACK_CHARS = 1500
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-MAX_FIGURE_BYTES = 4 * 1024 * 1024
 
 ProgressCallback = Callable[[float], Awaitable[None]]
 
@@ -158,19 +158,8 @@ def _stage(ws: Workspace, owner: str, inputs: dict[str, str], directory: Any) ->
 
 def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:
     """Collect outputs, clean the kernel's output dir, record the cell (one thread hop)."""
-    from .transcript import record_run_python
-
     try:
-        response = collect(
-            ws,
-            call.owner,
-            call.handle,
-            call.cell_id,
-            kernel,
-            execution,
-            call.inputs,
-            call.sensitive,
-        )
+        response = collect(ws, kernel, execution, call)
     finally:
         kernel.remove_outputs(call.cell_id)
     response["notebook"] = call.handle
@@ -186,16 +175,7 @@ def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[
     return response
 
 
-def collect(
-    ws: Workspace,
-    owner: str,
-    handle: str,
-    cell_id: str,
-    kernel: Any,
-    execution: Any,
-    inputs: dict[str, str],
-    sensitive: bool,
-) -> dict[str, Any]:
+def collect(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:
     """Turn an ExecutionResult into the compact response; store outputs and figures."""
     manifest = _manifest(execution.displays)
     response: dict[str, Any] = {"ok": execution.status == "ok", "result": None}
@@ -206,15 +186,9 @@ def collect(
     response["error"] = describe_failure(execution)
     if manifest is not None:
         response["result"] = _result(manifest, ws.settings.compute.result_max_bytes, notes)
-        lineage = {
-            "tool": "run_python",
-            "notebook": handle,
-            "cell": cell_id,
-            "parents": sorted(set(inputs.values())),
-        }
-        files = KernelFiles(kernel, cell_id)
-        response["outputs"] = _store_outputs(ws, owner, files, manifest, lineage, sensitive, notes)
-        charts = _store_figures(ws, owner, files, manifest, lineage, sensitive)
+        files = KernelFiles(kernel, call.cell_id)
+        response["outputs"] = _store_outputs(ws, call, files, manifest, notes)
+        charts = _store_figures(ws, call, files, manifest)
         if charts:
             response["charts"] = charts
         notes.extend(str(e) for e in manifest.get("errors", [])[:5])
@@ -222,8 +196,6 @@ def collect(
         response["outputs"] = {}
     if notes:
         response["notes"] = notes
-        if response["ok"] and any(n.startswith("result") or "outputs" in n for n in notes):
-            response["ok"] = response["error"] is None
     return response
 
 
@@ -260,14 +232,17 @@ def _result(manifest: dict[str, Any], cap: int, notes: list[str]) -> Any:
         return None
 
 
+def _lineage(call: CellCall) -> dict[str, Any]:
+    return {
+        "tool": "run_python",
+        "notebook": call.handle,
+        "cell": call.cell_id,
+        "parents": sorted(set(call.inputs.values())),
+    }
+
+
 def _store_outputs(
-    ws: Workspace,
-    owner: str,
-    files: KernelFiles,
-    manifest: dict[str, Any],
-    lineage: dict[str, Any],
-    sensitive: bool,
-    notes: list[str],
+    ws: Workspace, call: CellCall, files: KernelFiles, manifest: dict[str, Any], notes: list[str]
 ) -> dict[str, Any]:
     described: dict[str, Any] = {}
     names = manifest.get("outputs", [])
@@ -276,9 +251,8 @@ def _store_outputs(
             continue
         try:
             table = files.read_table(f"{name}.arrow", ws.settings.store.artifact_max_bytes)
-            art = ws.store.put_table(
-                owner, table, lineage={**lineage, "output": name}, sensitive=sensitive
-            )
+            lineage = {**_lineage(call), "output": name}
+            art = ws.store.put_table(call.owner, table, lineage=lineage, sensitive=call.sensitive)
         except DatarefError as exc:  # over a cap, not storable, or the disk is full
             notes.append(f"outputs[{name!r}] not stored: {exc}")
             continue
@@ -286,27 +260,25 @@ def _store_outputs(
             notes.append(f"outputs[{name!r}] not stored: the kernel wrote an unreadable table")
             continue
         described[name] = describe(
-            art.ref, table, sample_rows=ws.settings.describe.output_sample_rows, sensitive=sensitive
+            art.ref,
+            table,
+            sample_rows=ws.settings.describe.output_sample_rows,
+            sensitive=call.sensitive,
         )
     return described
 
 
 def _store_figures(
-    ws: Workspace,
-    owner: str,
-    files: KernelFiles,
-    manifest: dict[str, Any],
-    lineage: dict[str, Any],
-    sensitive: bool,
+    ws: Workspace, call: CellCall, files: KernelFiles, manifest: dict[str, Any]
 ) -> list[dict[str, Any]]:
-    from .consumers import store_kernel_figure
-
     charts = []
     figures = manifest.get("figures", [])
     for name in figures if isinstance(figures, list) else []:
         if isinstance(name, str) and re.fullmatch(r"figure_\d+\.png", name):
-            data = files.read_bytes(name, MAX_FIGURE_BYTES)
-            chart = data and store_kernel_figure(ws, owner, data, name, lineage, sensitive)
+            data = files.read_bytes(name, MAX_KERNEL_FIGURE_BYTES)
+            if not data:
+                continue
+            chart = store_kernel_figure(ws, call.owner, data, name, _lineage(call), call.sensitive)
             if chart is not None:
                 charts.append(chart)
     return charts
@@ -358,7 +330,5 @@ async def reset_kernel(ws: Workspace, owner: str, notebook: str | None) -> dict[
     handle = ws.transcripts.resolve(owner, notebook)
     if ws.pool is not None:
         await ws.pool.reset(owner, handle)
-    from .transcript import record_reset
-
     record_reset(ws.transcripts, owner, handle)
     return {"ok": True, "notebook": handle, "note": "variables cleared; artifacts kept"}

@@ -21,12 +21,12 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from . import charts
-from . import transcript as transcript_module
 from .describe import describe
 from .downloads import Link
 from .errors import InvalidRequest, StorageError, unknown_ref
 from .png import PNG_MAGIC, shrink_png
 from .store import Artifact
+from .transcript import record_chart
 
 if TYPE_CHECKING:
     from .workspace import Workspace
@@ -83,19 +83,17 @@ def render_chart(
     info["bytes"] = art.bytes
     if notes:
         info["note"] = "; ".join(notes)
-    record = getattr(transcript_module, "record_chart", None)
-    if record is not None:  # the transcript side may not define it yet
-        record(
-            ws.transcripts,
-            owner,
-            handle,
-            data_ref=data_ref,
-            x=x,
-            y=y,
-            kind=kind,
-            title=title,
-            chart_ref=art.ref,
-        )
+    record_chart(
+        ws.transcripts,
+        owner,
+        handle,
+        data_ref=data_ref,
+        x=x,
+        y=y,
+        kind=kind,
+        title=title,
+        chart_ref=art.ref,
+    )
     if source.sensitive:
         info["note"] = "; ".join([*notes, SENSITIVE_NOTE])
     return Chart(info=info, png=png, sensitive=source.sensitive)

@@ -29,7 +29,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .config import StoreSettings
-from .errors import LimitExceeded, human_bytes, unknown_ref
+from .errors import InvalidRequest, LimitExceeded, human_bytes, unknown_ref
 from .files import fsync_dir, part_name, remove_stale_parts, storage_error
 
 REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
@@ -97,8 +97,6 @@ def frame_to_table(frame: pd.DataFrame) -> pa.Table:
     try:
         return pa.Table.from_pandas(frame, preserve_index=False)
     except (pa.ArrowException, TypeError, ValueError) as exc:
-        from .errors import InvalidRequest
-
         raise InvalidRequest(
             f"cannot store this DataFrame ({type(exc).__name__}: {str(exc)[:200]}) - "
             "convert mixed-type object columns with .astype(str) first"

@@ -18,8 +18,8 @@ from .describe import describe, describe_columns
 from .downloads import Downloads
 from .errors import ComputeError
 from .producers import ProducerContext, ProducerRegistry, load_producers
-from .store import ArtifactStore
-from .transcript import Transcripts
+from .store import ArtifactStore, frame_to_table
+from .transcript import Transcripts, record_producer
 
 
 class Workspace:
@@ -86,16 +86,14 @@ class Workspace:
         arguments = producer.explicit(arguments)
         ctx = ProducerContext(owner=owner, settings=self.settings)
         started = time.perf_counter()
-        frame = producer.run(ctx, arguments)
-        art = self.store.put_frame(
+        table = frame_to_table(producer.run(ctx, arguments))
+        art = self.store.put_table(
             owner,
-            frame,
+            table,
             lineage={"tool": name, "args": arguments, "parents": [], "notebook": handle},
             sensitive=ctx.sensitive,
         )
         elapsed = time.perf_counter() - started
-        from .transcript import record_producer
-
         record_producer(
             self.transcripts,
             owner,
@@ -105,7 +103,6 @@ class Workspace:
             ref=art.ref,
             elapsed_s=elapsed,
         )
-        table = self.store.read_table(owner, art.ref)
         return describe(
             art.ref, table, sample_rows=self.settings.describe.sample_rows, sensitive=art.sensitive
         )
