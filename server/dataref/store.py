@@ -334,9 +334,6 @@ class ArtifactStore:
             ).fetchall()
         return [self._row_to_artifact(r) for r in rows]
 
-    def usage(self, owner: str) -> int:
-        return sum(a.bytes for a in self.list(owner))
-
     def drop(self, owner: str, ref: str) -> Artifact:
         art = self.get(owner, ref)
         with self._lock, self._db:
