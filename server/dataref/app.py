@@ -166,6 +166,10 @@ def create_app(
     register_core_tools(mcp, app)
     register_transcript_tools(mcp, app)
     register_consumer_tools(mcp, app)
+    if transport == "http" and settings.page.enabled:
+        from .web import mount
+
+        mount(mcp, settings, lambda: app.ws)
     return mcp
 
 

@@ -34,13 +34,26 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="demo-output", help="where the notebook and chart go")
     demo.add_argument("--state-dir", help="server state dir (default: a new temporary one)")
     demo.add_argument("--json", action="store_true", help="print a JSON summary instead")
+
+    view = sub.add_parser("view", help="the page for people over a stdio server's state dir")
+    view.add_argument("--state-dir", help="the server's state dir (default: from the config)")
+    view.add_argument("--port", type=int, default=0, help="port on 127.0.0.1 (default: a free one)")
+    view.add_argument("--open", action="store_true", help="open the URL in a browser")
+
+    lab = sub.add_parser("lab", help="open a notebook's data-free export in JupyterLab")
+    lab.add_argument("notebook", nargs="?", help="notebook handle (default: your default one)")
+    lab.add_argument("--state-dir", help="the server's state dir (default: from the config)")
+    lab.add_argument("--dir", default=".", help="where the .ipynb goes (default: here)")
+    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="after --: for jupyter lab")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        settings = load_settings(args.config)
+        own_state = args.command in ("view", "lab") and args.state_dir
+        overrides = {"state_dir": args.state_dir} if own_state else {}
+        settings = load_settings(args.config, **overrides)
     except (FileNotFoundError, ValueError) as exc:
         print(f"dataref: bad configuration: {exc}", file=sys.stderr)
         return 2
@@ -56,7 +69,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .walkthrough import run_demo
 
         return run_demo(args.config, args.out, args.state_dir, as_json=args.json)
+    if args.command in ("view", "lab"):
+        return page_command(settings, args)
     return 2
+
+
+def page_command(settings: Settings, args: argparse.Namespace) -> int:
+    from .web.standalone import run_lab, run_view
+
+    if args.command == "view":
+        return run_view(settings, args.port, open_browser=args.open)
+    extra = [a for a in args.jupyter_args if a != "--"]
+    return run_lab(settings, args.notebook, args.dir, extra)
 
 
 def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:

@@ -163,6 +163,8 @@ def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[
     finally:
         kernel.remove_outputs(call.cell_id)
     response["notebook"] = call.handle
+    # Before the transcript: its write wakes the page, which then finds what the call showed.
+    ws.shown.add(call.owner, call.handle, call.code, response)
     record_run_python(
         ws.transcripts,
         call.owner,

@@ -184,6 +184,15 @@ class ChartSettings(Section):
     )
 
 
+class PageSettings(Section):
+    enabled: bool = Field(
+        True, description="Serve the page for people (/, /notebooks, /artifacts) over HTTP."
+    )
+    session_ttl_seconds: int = Field(
+        8 * 3600, ge=60, description="How long a page sign-in (its session cookie) lasts."
+    )
+
+
 class Settings(BaseSettings):
     """Every setting of dataref. TOML sections match the nested models below."""
 
@@ -210,6 +219,7 @@ class Settings(BaseSettings):
     server: ServerSettings = Field(default_factory=ServerSettings)
     producers: ProducerSettings = Field(default_factory=ProducerSettings)
     charts: ChartSettings = Field(default_factory=ChartSettings)
+    page: PageSettings = Field(default_factory=PageSettings)
 
     # Set by load_settings(): the TOML file to read, if any.
     _toml_file: Path | None = None

@@ -12,6 +12,7 @@ added, so the variable names stay consistent across the whole notebook.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -20,6 +21,7 @@ import secrets
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,8 @@ class Transcripts:
         # handle -> (file identity when we last wrote or read it, the notebook): saves parsing
         # the whole file on every call; another process writing it changes the identity.
         self._cache: dict[str, tuple[tuple[int, int], nbformat.NotebookNode]] = {}
+        # Called with a handle after each write (the page's live feed listens here).
+        self.listeners: list[Callable[[str], None]] = []
 
     def close(self) -> None:
         with self._lock:
@@ -171,6 +175,9 @@ class Transcripts:
         except BaseException:
             self._cache.pop(handle, None)  # the file still holds the previous notebook
             raise
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):  # a listener never fails a call
+                listener(handle)
 
 
 def _identity(path: Path) -> tuple[int, int]:

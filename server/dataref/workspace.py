@@ -18,6 +18,7 @@ from .describe import describe, describe_columns
 from .downloads import Downloads
 from .errors import ComputeError
 from .producers import ProducerContext, ProducerRegistry, load_producers
+from .shown import Shown
 from .store import ArtifactStore, frame_to_table
 from .transcript import Transcripts, record_producer
 
@@ -29,6 +30,7 @@ class Workspace:
         self.store = ArtifactStore(settings.state_dir / "store", settings.store)
         self.transcripts = Transcripts(settings.state_dir / "notebooks")
         self.downloads = Downloads(settings.state_dir / "exports")
+        self.shown = Shown(settings.state_dir / "page")  # what calls showed, for the page
         self.producers: ProducerRegistry = load_producers(settings)
         self.pool: Any = None  # KernelPool, started by start()
         self.kernel_problem: str | None = None  # why the pool did not start, if it did not
