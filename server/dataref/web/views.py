@@ -159,6 +159,7 @@ def _reset(page: Page) -> SessionHandler:
         from ..compute import reset_kernel
 
         ws, handle = page.workspace(), request.path_params["handle"]
+        await asyncio.to_thread(ws.transcripts.resolve, session.owner, handle)  # 404 first
         if ws.pool is None:
             raise DatarefError("the kernel runs in another process - reset it from the agent")
         await reset_kernel(ws, session.owner, handle)
