@@ -86,7 +86,7 @@ async def cell_events(
     handle: str,
     render: Callable[[dict[str, Any]], str],
 ) -> AsyncIterator[dict[str, Any]]:
-    """SSE events ``cell`` ({index, html}) for each new or changed cell of the notebook."""
+    """SSE events ``cell`` ({index, version, html}) for each new or changed cell."""
     waiter = changes.subscribe(handle)
     sent: dict[int, str] = {}
     seen = ""
@@ -97,11 +97,14 @@ async def cell_events(
             waiter[1].clear()  # before looking: a write from now on wakes the wait below
             seen, cells = await asyncio.to_thread(_look, workspace(), owner, handle, seen)
             for cell in cells or []:
-                html = render(cell)
-                if sent.get(cell["index"]) != html:
-                    sent[cell["index"]] = html
-                    data = json.dumps({"index": cell["index"], "html": html})
-                    yield {"event": "cell", "data": data}
+                if sent.get(cell["index"]) != cell["version"]:
+                    sent[cell["index"]] = cell["version"]
+                    data = {
+                        "index": cell["index"],
+                        "version": cell["version"],
+                        "html": render(cell),
+                    }
+                    yield {"event": "cell", "data": json.dumps(data)}
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(waiter[1].wait(), POLL_SECONDS)
     finally:

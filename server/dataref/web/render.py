@@ -45,8 +45,17 @@ def cells_of(
             if pending[0] == code_hash(str(rec.get("code", ""))):
                 view["shown"] = _shown(pending[1])
                 pending = next(shown, None)
+        view["version"] = _version(view)
         cells.append(view)
     return cells
+
+
+def _version(view: dict[str, Any]) -> str:
+    """A short digest of what a cell shows: the browser replaces a cell only when it changes."""
+    import hashlib
+
+    text = json.dumps(view, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:16]
 
 
 def _cell(

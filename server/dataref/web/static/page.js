@@ -3,21 +3,17 @@
 "use strict";
 
 function liveNotebook(feed) {
-  const shown = new Map();
-  for (const cell of feed.querySelectorAll(".cell")) shown.set(cell.dataset.index, cell.outerHTML);
   const badge = document.getElementById("live");
   const source = new EventSource(feed.dataset.events);
   source.addEventListener("ready", () => { if (badge) badge.hidden = false; });
   source.addEventListener("error", () => { if (badge) badge.hidden = true; });
   source.addEventListener("cell", (event) => {
-    const { index, html } = JSON.parse(event.data);
-    const key = String(index);
-    if (shown.get(key) === html) return;
-    shown.set(key, html);
+    const { index, version, html } = JSON.parse(event.data);
+    const old = document.getElementById(`cell-${index}`);
+    if (old && old.dataset.version === version) return;  // the page has this one already
     const holder = document.createElement("template");
     holder.innerHTML = html;
     const cell = holder.content.firstElementChild;
-    const old = document.getElementById(`cell-${index}`);
     if (old) {
       old.replaceWith(cell);
       return;
