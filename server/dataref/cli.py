@@ -44,12 +44,17 @@ def build_parser() -> argparse.ArgumentParser:
     lab.add_argument("notebook", nargs="?", help="notebook handle (default: your default one)")
     lab.add_argument("--state-dir", help="the server's state dir (default: from the config)")
     lab.add_argument("--dir", default=".", help="where the .ipynb goes (default: here)")
-    lab.add_argument("jupyter_args", nargs=argparse.REMAINDER, help="after --: for jupyter lab")
+    lab.epilog = "Arguments after -- go to jupyter lab (e.g. -- --no-browser --port 8890)."
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passed_on: list[str] = []  # `dataref lab ... -- ARGS`: ARGS are jupyter lab's
+    if "--" in argv and "lab" in argv[: argv.index("--")]:
+        argv, passed_on = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
+    args.jupyter_args = passed_on
     try:
         own_state = args.command in ("view", "lab") and args.state_dir
         overrides = {"state_dir": args.state_dir} if own_state else {}
@@ -79,8 +84,7 @@ def page_command(settings: Settings, args: argparse.Namespace) -> int:
 
     if args.command == "view":
         return run_view(settings, args.port, open_browser=args.open)
-    extra = [a for a in args.jupyter_args if a != "--"]
-    return run_lab(settings, args.notebook, args.dir, extra)
+    return run_lab(settings, args.notebook, args.dir, args.jupyter_args)
 
 
 def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:

@@ -66,6 +66,7 @@ def run_view(settings: Settings, port: int, *, open_browser: bool = False) -> in
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(("127.0.0.1", port))
+        sock.listen(128)  # a browser opening the URL at once waits in the backlog
     except OSError as exc:
         print(f"dataref: cannot listen on 127.0.0.1:{port}: {exc.strerror}", file=sys.stderr)
         return 2
@@ -117,7 +118,10 @@ def run_lab(settings: Settings, notebook: str | None, directory: str, extra: Seq
     except (LookupError, DatarefError) as exc:
         print(f"dataref: {exc}", file=sys.stderr)
         return 1
-    print(f"dataref: exported {path} (no data); opening JupyterLab: Run > Run All Cells replays it")
+    print(
+        f"dataref: exported {path} (no data); opening JupyterLab: Run > Run All Cells replays it",
+        flush=True,
+    )
     try:
         return subprocess.call(argv, cwd=path.parent)
     except KeyboardInterrupt:

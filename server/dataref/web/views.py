@@ -22,7 +22,7 @@ from .page import Page
 from .sessions import COOKIE, Session
 
 Handler = Callable[[Request], Awaitable[Response]]
-ASSETS = {"page.js": "text/javascript", "page.css": "text/css"}
+ASSETS = {"page.js": "text/javascript", "page.css": "text/css", "favicon.svg": "image/svg+xml"}
 DOWNLOADS = {"csv", "parquet", "png"}
 
 
