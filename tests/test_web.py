@@ -284,6 +284,20 @@ async def test_an_append_in_this_process_wakes_the_feed_at_once(state):
         await ws.close()
 
 
+def test_a_jwt_from_the_configured_issuer_signs_in_as_its_subject(tmp_path):
+    from fastmcp.server.auth.providers.jwt import RSAKeyPair
+
+    keys, issuer, audience = RSAKeyPair.generate(), "https://issuer.example", "dataref"
+    auth = {"public_key": keys.public_key, "issuer": issuer, "audience": audience}
+    settings = make_settings(tmp_path / "state", auth=auth)
+    app = create_app(settings, "http", kernels=False).http_app(path="/mcp")
+    with TestClient(app, base_url="http://127.0.0.1:8000") as client:
+        wrong = keys.create_token(subject="carol", issuer=issuer, audience="other")
+        assert client.post("/signin", data={"token": wrong}).status_code == 401
+        sign_in(client, keys.create_token(subject="carol", issuer=issuer, audience=audience))
+        assert '<span class="who">carol</span>' in client.get("/").text
+
+
 def test_dataref_view_refuses_requests_without_its_token(state):
     settings, refs = state
     settings = settings.model_copy(update={"owner": "alice"})

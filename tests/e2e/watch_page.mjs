@@ -27,7 +27,7 @@ const browser = await chromium.launch({
 });
 
 try {
-  const page = await browser.newPage({ viewport: { width: 1280, height: 1100 } });
+  const page = await browser.newPage({ viewport: { width: 1440, height: 1000 } });
   page.setDefaultTimeout(60000);
   page.on("pageerror", (err) => say({ event: "pageerror", message: String(err) }));
   await page.exposeFunction("reportCell", (what) => say({ ...what, t: Date.now() }));

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-NODE_W, NODE_H = 190, 46
-COL_GAP, ROW_GAP, MARGIN = 70, 18, 12
+NODE_W, NODE_H = 156, 46
+COL_GAP, ROW_GAP, MARGIN = 34, 16, 10
+SUB_CHARS = 24
 
 
 @dataclass
@@ -28,14 +29,31 @@ class Node:
     y: int = 0
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= SUB_CHARS else text[: SUB_CHARS - 1] + "…"
+
+
 def _call_of(art: dict[str, Any]) -> tuple[str, str, str]:
     """(node id, label, sub-label) of the call that made an artifact."""
     tool = str(art.get("origin") or "unknown")
-    cell = art.get("cell")
-    if tool == "run_python" and cell:
-        return f"cell:{cell}", "run_python", "a cell of the notebook"
-    sub = "chart" if tool == "render_chart" else "producer"
-    return f"call:{art['ref']}", tool, sub
+    args = art.get("args") or {}
+    if tool == "run_python" and art.get("cell"):
+        return f"cell:{art['cell']}", "run_python", "a notebook cell"
+    if tool == "render_chart":
+        sub = f"{args.get('kind', '')} of {args.get('y') or 'count'} by {args.get('x', '')}"
+    else:
+        sub = ", ".join(f"{k}={v}" for k, v in args.items()) or "producer"
+    return f"call:{art['ref']}", tool, _short(sub)
+
+
+def _name_of(art: dict[str, Any]) -> str:
+    """The variable the notebook gives it: the output name, the producer's base, or chart."""
+    if art.get("output"):
+        return str(art["output"])
+    if art["kind"] == "chart":
+        return "chart"
+    base = str(art.get("origin") or "").removeprefix("fetch_")
+    return base if base.isidentifier() and base != "sql" else "data"
 
 
 def build(artifacts: list[dict[str, Any]]) -> dict[str, Any]:
@@ -47,13 +65,12 @@ def build(artifacts: list[dict[str, Any]]) -> dict[str, Any]:
         call = nodes.setdefault(call_id, Node(call_id, "call", label, sub, tool=label))
         for parent in art.get("parents") or []:
             if parent not in live and parent not in nodes:
-                nodes[parent] = Node(parent, "gone", "expired or dropped", parent[:14], parent)
+                nodes[parent] = Node(parent, "gone", "expired or dropped", _short(parent), parent)
             if parent not in call.parents:
                 call.parents.append(parent)
-        name = art.get("output") or ("chart" if art["kind"] == "chart" else "table")
         rows = f"{art['rows']:,} rows · " if art.get("rows") is not None else ""
         nodes[art["ref"]] = Node(
-            art["ref"], art["kind"], str(name), rows + art["ref"][:14] + "…", art["ref"],
+            art["ref"], art["kind"], _name_of(art), _short(rows + art["ref"]), art["ref"],
             tool=label, parents=[call_id],
         )  # fmt: skip
     _layout(nodes)
@@ -65,7 +82,10 @@ def build(artifacts: list[dict[str, Any]]) -> dict[str, Any]:
         for p in n.parents
         if p in nodes
     ]
-    return {"width": width, "height": height, "nodes": list(nodes.values()), "edges": edges}
+    return {
+        "width": width, "height": height, "node_w": NODE_W, "node_h": NODE_H,
+        "nodes": list(nodes.values()), "edges": edges,
+    }  # fmt: skip
 
 
 def _layout(nodes: dict[str, Node]) -> None:

@@ -141,6 +141,7 @@ def artifact_list(ws: Workspace, owner: str) -> list[dict[str, Any]]:
                 "origin": lineage.get("tool"),
                 "output": lineage.get("output"),
                 "cell": lineage.get("cell"),
+                "args": lineage.get("args") if isinstance(lineage.get("args"), dict) else {},
                 "columns": _columns(art.path) if art.kind == "table" else None,
                 "notebook": lineage.get("notebook"),
                 "parents": list(lineage.get("parents") or []),
