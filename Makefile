@@ -33,7 +33,7 @@ test: setup  ## the whole test suite
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
 # Debian's chromium are installed by tests/e2e/setup.sh; the tests fail (not skip) without them.
-test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, JupyterLab in Chromium
+test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, JupyterLab and the page in Chromium
 	bash tests/e2e/setup.sh
 	$(PY) -m pytest -q tests/e2e
 
