@@ -178,6 +178,16 @@ def test_another_owners_notebook_and_artifacts_are_404_identical_to_missing_ones
     assert client.get(f"/artifacts/{refs['sales']}/download/csv").status_code == 200
 
 
+def test_a_notebook_url_never_creates_a_notebook(server):
+    client, _ = server
+    csrf = sign_in(client, "tok-bob")
+    before = client.get("/").text.count("/notebooks/nb_")
+    for path in ("/notebooks/new", "/notebooks/new/events", "/notebooks/new/notebook.ipynb"):
+        assert client.get(path).status_code == 404, path
+    assert client.post("/notebooks/new/reset", data={"csrf": csrf}).status_code == 404
+    assert client.get("/").text.count("/notebooks/nb_") == before
+
+
 def test_a_state_changing_request_without_the_csrf_token_is_refused(server):
     client, refs = server
     csrf = sign_in(client, "tok-alice")

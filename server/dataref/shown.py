@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -58,18 +57,19 @@ def shown_body(response: dict[str, Any]) -> dict[str, Any]:
 
 
 class Shown:
-    """The sidecar index. Connections are per call, so another process may read it too."""
+    """The sidecar index. Connections are per call, so another process may read it too.
+
+    Nothing is created until the first call is kept: a server that never runs code (or a
+    ``dataref view``) adds no file to the state dir.
+    """
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.root, 0o700)
-        with self._db() as db:
-            db.executescript(_SCHEMA)
+        self.path = self.root / "shown.sqlite"
 
     @contextlib.contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.root / "shown.sqlite", timeout=10)
+        db = sqlite3.connect(self.path, timeout=10)
         try:
             with db:
                 yield db
@@ -79,17 +79,25 @@ class Shown:
     def add(self, owner: str, handle: str, code: str, response: dict[str, Any]) -> None:
         """Keep what a call showed; a failure here loses only the page's copy, never the call."""
         body = json.dumps(shown_body(response), default=str, ensure_ascii=False)
-        with contextlib.suppress(sqlite3.Error, OSError), self._db() as db:
-            db.execute(
-                "INSERT INTO shown (owner, handle, code_hash, at, body) VALUES (?,?,?,?,?)",
-                (owner, handle, code_hash(code), time.time(), body),
-            )
+        with contextlib.suppress(sqlite3.Error, OSError):
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            with self._db() as db:
+                db.executescript(_SCHEMA)
+                db.execute(
+                    "INSERT INTO shown (owner, handle, code_hash, at, body) VALUES (?,?,?,?,?)",
+                    (owner, handle, code_hash(code), time.time(), body),
+                )
 
     def of_notebook(self, owner: str, handle: str) -> list[tuple[str, dict[str, Any]]]:
         """(code hash, body) of each call on the owner's notebook, oldest first."""
-        with self._db() as db:
-            rows = db.execute(
-                "SELECT code_hash, body FROM shown WHERE owner = ? AND handle = ? ORDER BY seq",
-                (owner, handle),
-            ).fetchall()
+        if not self.path.is_file():
+            return []
+        try:
+            with self._db() as db:
+                rows = db.execute(
+                    "SELECT code_hash, body FROM shown WHERE owner = ? AND handle = ? ORDER BY seq",
+                    (owner, handle),
+                ).fetchall()
+        except sqlite3.OperationalError:  # created by another process a moment ago
+            return []
         return [(h, json.loads(b)) for h, b in rows]

@@ -90,6 +90,9 @@ class Page:
         origin = request.headers.get("origin")
         if origin is None or origin == "null":
             return origin is None
+        public = self.settings.server.public_url  # behind a TLS proxy: the public origin
+        if public and origin == "/".join(public.split("/")[:3]):
+            return True
         return origin == f"{request.url.scheme}://{request.headers.get('host', '')}"
 
     # -- responses -------------------------------------------------------------

@@ -49,6 +49,14 @@ def routes(page: Page) -> list[Route]:
 SessionHandler = Callable[[Request, Session], Awaitable[Response]]
 
 
+def _handle(request: Request) -> str:
+    """The notebook handle in the path; "new" or "" (which the core would create) are not."""
+    handle = request.path_params["handle"]
+    if not handle.startswith("nb_"):
+        raise NotFound("unknown notebook")
+    return handle
+
+
 def _signed_in_only(page: Page) -> Callable[..., Handler]:
     def wrap(handler: SessionHandler, *, post: bool = False) -> Handler:
         async def checked(request: Request) -> Response:
@@ -128,7 +136,7 @@ def _default_notebook(page: Page) -> SessionHandler:
 
 def _notebook(page: Page) -> SessionHandler:
     async def notebook(request: Request, session: Session) -> Response:
-        ws, handle = page.workspace(), request.path_params["handle"]
+        ws, handle = page.workspace(), _handle(request)
         cells = await asyncio.to_thread(render.notebook_cells, ws, session.owner, handle)
         html = [page.render_cell(c) for c in cells]
         can_reset = ws.pool is not None
@@ -145,7 +153,7 @@ def _events(page: Page) -> SessionHandler:
 
         from .live import cell_events
 
-        ws, handle = page.workspace(), request.path_params["handle"]
+        ws, handle = page.workspace(), _handle(request)
         await asyncio.to_thread(ws.transcripts.resolve, session.owner, handle)  # 404 first
         stream = cell_events(page.changes, page.workspace, session.owner, handle, page.render_cell)
         headers = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
@@ -158,7 +166,7 @@ def _reset(page: Page) -> SessionHandler:
     async def reset(request: Request, session: Session) -> Response:
         from ..compute import reset_kernel
 
-        ws, handle = page.workspace(), request.path_params["handle"]
+        ws, handle = page.workspace(), _handle(request)
         await asyncio.to_thread(ws.transcripts.resolve, session.owner, handle)  # 404 first
         if ws.pool is None:
             raise DatarefError("the kernel runs in another process - reset it from the agent")
@@ -215,7 +223,7 @@ def _ipynb(page: Page) -> SessionHandler:
     async def ipynb(request: Request, session: Session) -> Response:
         from .downloads import notebook_link
 
-        ws, handle = page.workspace(), request.path_params["handle"]
+        ws, handle = page.workspace(), _handle(request)
         token = await asyncio.to_thread(notebook_link, ws, session.owner, handle)
         return await _serve_link(page, session, token)
 
