@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 from importlib import resources
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import FileResponse, PlainTextResponse, Response
@@ -250,7 +249,3 @@ async def _asset(request: Request) -> Response:
         return PlainTextResponse("not found", status_code=404)
     body = (resources.files("dataref.web") / "static" / name).read_bytes()
     return Response(body, media_type=ASSETS[name], headers={"Cache-Control": "max-age=300"})
-
-
-def route_table(page: Page) -> list[tuple[str, list[str], Any]]:
-    return [(r.path, sorted(r.methods or []), r.endpoint) for r in routes(page)]
