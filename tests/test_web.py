@@ -333,3 +333,24 @@ def test_dataref_lab_exports_the_notebook_and_opens_jupyterlab_on_it(state, tmp_
     nbformat.validate(nbformat.read(path, 4))
     assert Path(argv[0]).name == "jupyter" and argv[1] == "lab"
     assert argv[-2:] == ["--no-browser", path.name]
+
+
+def test_what_a_call_showed_is_never_attached_to_another_cell(tmp_path):
+    from dataref.web.render import notebook_cells
+
+    ws = Workspace(make_settings(tmp_path / "state"))
+    try:
+        handle = ws.transcripts.default("alice")
+        ok = {"ok": True, "error": None, "outputs": {}, "stdout": ""}
+        for code, kept in (("a = 1", False), ("result = 2", True)):
+            if kept:  # the first call's row is missing (say the disk was full then)
+                ws.shown.add("alice", handle, code, {**ok, "result": 2})
+            record_run_python(
+                ws.transcripts, "alice", handle, code=code, inputs={}, response=ok, elapsed_s=0
+            )
+        cells = [c for c in notebook_cells(ws, "alice", handle) if c["tool"] == "run_python"]
+        assert "shown" not in cells[0]
+        assert cells[1]["shown"]["result"] == "2"
+        assert ws.shown.of_notebook("bob", handle) == []
+    finally:
+        asyncio.run(ws.close())
