@@ -92,7 +92,10 @@ def _home(page: Page) -> Handler:
         if session is None:
             status = 401 if page.mode == "view" else 200
             return page.html("signin.html", status, session=None, error=None)
-        ws = page.workspace()
+        try:
+            ws = page.workspace()
+        except DatarefError as exc:  # the server is starting or stopping
+            return page.refused(str(exc), 503, session)
         notebooks = await asyncio.to_thread(render.notebook_list, ws, session.owner)
         return page.html("home.html", session=session, notebooks=notebooks)
 
