@@ -347,6 +347,9 @@ def test_dataref_lab_opens_jupyterlab_on_the_exported_notebook(tmp_path):
         assert all(not c.get("outputs") for c in cells if c["cell_type"] == "code")
     finally:
         lab.stop()
+    with contextlib.suppress(httpx2.HTTPError):  # stopping `dataref lab` stopped JupyterLab
+        httpx2.get(f"http://127.0.0.1:{port}/api/status?token={token}", timeout=2)
+        raise AssertionError("JupyterLab outlived `dataref lab`")
 
 
 def _wait_for_file(root: Path) -> Path:

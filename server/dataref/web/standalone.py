@@ -11,10 +11,10 @@ live feed notices the stdio server's writes by polling (it is another process).
 from __future__ import annotations
 
 import hmac
+import os
 import secrets
 import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -122,7 +122,6 @@ def run_lab(settings: Settings, notebook: str | None, directory: str, extra: Seq
         f"dataref: exported {path} (no data); opening JupyterLab: Run > Run All Cells replays it",
         flush=True,
     )
-    try:
-        return subprocess.call(argv, cwd=path.parent)
-    except KeyboardInterrupt:
-        return 130
+    os.chdir(path.parent)
+    os.execv(argv[0], argv)  # JupyterLab takes this process over: stopping it stops JupyterLab
+    return 0  # not reached
