@@ -228,10 +228,10 @@ async def test_a_second_server_on_the_same_state_dir_leaves_live_kernels_alone(
     from dataref.kernels.sandbox import remove_stale_boxes
 
     kernel = shared
-    stale = pool.root / "0123456789"
+    stale = pool.backend.root / "0123456789"
     (stale / "work").mkdir(parents=True)
     (stale / "lock").touch()  # a crashed server's kernel: its lock is not held
-    assert remove_stale_boxes(pool.root) == 1
+    assert remove_stale_boxes(pool.backend.root) == 1
     assert not stale.exists() and kernel.box.root.is_dir()
     assert (await ok(kernel, "print('fine')")).strip() == "fine"
 

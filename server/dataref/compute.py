@@ -39,7 +39,8 @@ ProgressCallback = Callable[[float], Awaitable[None]]
 
 
 class KernelFiles:
-    """Reads what a kernel wrote for one cell: untrusted, so never through a link."""
+    """Reads what a kernel wrote for one cell through its backend (a file opened without
+    following links, or bytes sent over the kernel's channel): untrusted, and size-checked."""
 
     def __init__(self, kernel: Any, cell_id: str) -> None:
         self.kernel = kernel
@@ -47,14 +48,13 @@ class KernelFiles:
 
     def read_bytes(self, filename: str, max_bytes: int) -> bytes | None:
         try:
-            with self.kernel.open_output(self.cell_id, filename, max_bytes) as f:
-                return f.read(max_bytes + 1)[:max_bytes]
-        except (OSError, ValueError):
+            return self.kernel.read_output(self.cell_id, filename, max_bytes)
+        except (OSError, ValueError, DatarefError):
             return None
 
     def read_table(self, filename: str, max_bytes: int) -> pa.Table:
         try:
-            f = self.kernel.open_output(self.cell_id, filename, max_bytes)
+            data = self.kernel.read_output(self.cell_id, filename, max_bytes)
         except ValueError as exc:
             if "too large" in str(exc):
                 raise LimitExceeded(
@@ -62,8 +62,6 @@ class KernelFiles:
                     "rows or columns, or aggregate first"
                 ) from None
             raise
-        with f:
-            data = f.read(max_bytes + 1)
         return pa.ipc.open_file(pa.BufferReader(data)).read_all()
 
 
@@ -127,7 +125,7 @@ async def run_python(
     sensitive = any(ref_sensitive.values())
     async with kernel.lock:  # one call at a time per notebook, recorded in the same order
         cell_id = f"cell{time.time_ns():x}"
-        await asyncio.to_thread(_stage, ws, owner, inputs, kernel.inputs_dir)
+        await kernel.stage(ws.store, owner, sorted(set(inputs.values())))
         header = HEADER_PREFIX + json.dumps(
             {"cell": cell_id, "bind": inputs}, separators=(",", ":")
         )
@@ -149,11 +147,6 @@ class CellCall:
     inputs: dict[str, str]
     sensitive: bool
     elapsed_s: float
-
-
-def _stage(ws: Workspace, owner: str, inputs: dict[str, str], directory: Any) -> None:
-    for ref in inputs.values():
-        ws.store.link_into(owner, ref, directory)
 
 
 def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:

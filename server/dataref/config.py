@@ -119,6 +119,18 @@ class KernelSettings(Section):
     startup_timeout_seconds: float = Field(
         60, gt=0, description="How long a kernel may take to start."
     )
+    gateway_url: str | None = Field(
+        None,
+        description="Run kernels on this Jupyter Kernel Gateway or Enterprise Gateway "
+        "(http(s)://host:port) instead of this machine; see README 'Kernels on a gateway'.",
+    )
+    gateway_token: str | None = Field(
+        None, description="The gateway's auth token (KG_AUTH_TOKEN / EG_AUTH_TOKEN)."
+    )
+    gateway_kernel: str = Field(
+        "dataref",
+        description="Kernelspec the gateway launches (`dataref kernelspec install` on its host).",
+    )
 
 
 class AuthSettings(Section):

@@ -11,19 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
-import secrets
 import time
-from pathlib import Path
 
 from ..config import Settings
-from ..errors import ComputeError, LimitExceeded
-from . import sandbox
+from ..errors import ComputeError, DatarefError, LimitExceeded
+from .backend import KernelBackend
 from .kernel import NotebookKernel
-from .manager import SandboxedKernelManager
-from .sandbox import KernelBox, detect_runtime
-from .seccomp import build_filter
-from .uids import UidAllocator
 
 log = logging.getLogger(__name__)
 
@@ -31,14 +24,9 @@ Key = tuple[str, str]
 
 
 class KernelPool:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, backend: KernelBackend | None = None) -> None:
         self.settings = settings
-        self.sandboxed = settings.kernels.sandbox != "unsandboxed"
-        self.root: Path = settings.state_dir / "kernels"
-        self.seccomp_file = self.root / "seccomp.bpf"
-        self.runtime = detect_runtime()
-        k = settings.kernels
-        self._uids = UidAllocator(k.uid_base, k.uid_count)
+        self.backend = backend or make_backend(settings)
         self._kernels: dict[Key, NotebookKernel] = {}
         self._starting: dict[Key, asyncio.Future[NotebookKernel]] = {}
         self._spares: list[NotebookKernel] = []
@@ -51,18 +39,7 @@ class KernelPool:
     # -- start / close --------------------------------------------------------------------
 
     async def start(self) -> None:
-        if self.sandboxed:
-            _require_sandbox()
-        else:
-            log.warning("kernels run UNSANDBOXED (kernels.sandbox = 'unsandboxed')")
-        self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
-        await asyncio.to_thread(sandbox.remove_stale_boxes, self.root)
-        if self.sandboxed:  # written whole, then renamed: a starting kernel never reads half
-            partial = self.root / f".seccomp.{secrets.token_hex(4)}"
-            partial.write_bytes(build_filter())
-            os.chmod(partial, 0o644)
-            os.replace(partial, self.seccomp_file)
-        sandbox.profile_startup_dir()  # fail now, not at the first call
+        await self.backend.start()
         self._started = True
         self._spawn(self._refill())
         self._spawn(self._reap_forever())
@@ -79,6 +56,7 @@ class KernelPool:
         await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
         self._kernels.clear()
         self._spares.clear()
+        await self.backend.close()
 
     def _spawn(self, coro: object) -> asyncio.Task[object]:
         task: asyncio.Task[object] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -153,7 +131,7 @@ class KernelPool:
 
     async def _assign(self, key: Key, pending: asyncio.Future[NotebookKernel]) -> None:
         try:
-            kernel = await self._take_spare() or await self._start_kernel()
+            kernel = await self._take_spare() or await self._start_kernel(key[0])
             kernel.owner, kernel.notebook = key
             kernel.last_used = time.monotonic()
             if self._closed:
@@ -197,23 +175,11 @@ class KernelPool:
                     return
                 self._spares.append(spare)
 
-    async def _start_kernel(self) -> NotebookKernel:
-        kernel_id = secrets.token_hex(5)  # short: ipc socket paths are limited to 107 bytes
-        try:
-            uid = self._uids.allocate() if self.sandboxed else None
-        except OSError as exc:
-            raise LimitExceeded(f"{exc}") from exc
-        box = KernelBox(kernel_id=kernel_id, root=self.root / kernel_id, uid=uid)
-        manager = SandboxedKernelManager(
-            box=box,
-            runtime=self.runtime,
-            settings=self.settings,
-            seccomp_file=self.seccomp_file if self.sandboxed else None,
-        )
-        kernel = NotebookKernel(box, manager, self.settings, on_closed=self._closed_callback)
+    async def _start_kernel(self, owner: str | None = None) -> NotebookKernel:
+        process = self.backend.new_process(owner)
+        kernel = NotebookKernel(process, self.settings, on_closed=self._closed_callback)
         self._all.add(kernel)
         try:
-            box.create()  # a few mkdir/chown: not in a thread, which a cancel could not stop
             await asyncio.wait_for(kernel.start(), self.settings.kernels.startup_timeout_seconds)
         except BaseException as exc:
             tail = kernel.log_tail()
@@ -221,7 +187,9 @@ class KernelPool:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             # The details (paths, the kernel's log) are for the operator, not the agent.
-            log.error("kernel %s did not start: %r; kernel log: %s", kernel_id, exc, tail[-2000:])
+            log.error("kernel %s did not start: %r; kernel log: %s", kernel.kernel_id, exc, tail[-2000:])
+            if isinstance(exc, DatarefError):  # the backend's own words for the operator's fix
+                raise
             raise ComputeError(
                 "a kernel could not start - try again; if it keeps failing, the operator "
                 "should run `dataref doctor` and read the server log"
@@ -229,7 +197,6 @@ class KernelPool:
         return kernel
 
     def _closed_callback(self, kernel: NotebookKernel) -> None:
-        self._uids.release(kernel.uid)
         self._all.discard(kernel)
         self._forget(kernel)
 
@@ -253,15 +220,12 @@ class KernelPool:
                     await kernel.shutdown()
 
 
-def _require_sandbox() -> None:
-    """Refuse to start kernels without the sandbox (unless configured 'unsandboxed')."""
-    from .check import missing_for_priv_mode
+def make_backend(settings: Settings) -> KernelBackend:
+    """Kernels on a gateway when ``kernels.gateway_url`` is set, else on this machine."""
+    if settings.kernels.gateway_url:
+        from .gwkernel import GatewayBackend
 
-    missing = missing_for_priv_mode()
-    if missing:
-        raise ComputeError(
-            "cannot start sandboxed kernels: "
-            + "; ".join(missing)
-            + ". Run `dataref doctor` for details. Only for trusted single-user development: "
-            "set kernels.sandbox = 'unsandboxed' (DATAREF_KERNELS__SANDBOX=unsandboxed)."
-        )
+        return GatewayBackend(settings)
+    from .local import LocalBackend
+
+    return LocalBackend(settings)

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 from jupyter_client.asynchronous import AsyncKernelClient
 
+from .backend import Channels
+
 log = logging.getLogger(__name__)
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -72,6 +74,11 @@ class KernelChannels:
                 await asyncio.sleep(POLL_SECONDS)
                 continue
             self.queue.put_nowait((channel, msg))
+
+    def execute(self, code: str, *, store_history: bool) -> str:
+        return self.client.execute(
+            code, store_history=store_history, allow_stdin=False, stop_on_error=False
+        )
 
     def drain(self) -> None:
         """Forget messages of earlier cells."""
@@ -198,7 +205,7 @@ class CellTimers:
 
 
 async def execute_cell(
-    channels: KernelChannels,
+    channels: Channels,
     code: str,
     *,
     timers: CellTimers,
@@ -210,9 +217,7 @@ async def execute_cell(
     """Run ``code``; returns the result and whether the kernel must be restarted."""
     loop = asyncio.get_running_loop()
     channels.drain()
-    msg_id = channels.client.execute(
-        code, store_history=store_history, allow_stdin=False, stop_on_error=False
-    )
+    msg_id = channels.execute(code, store_history=store_history)
     collector = _Collector()
     start = loop.time()
     deadline = start + timers.timeout_s
