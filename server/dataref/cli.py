@@ -30,6 +30,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--out", help="file to write (default: ./<handle>.ipynb; '-': stdout)")
     export.add_argument("--owner", help="whose notebook (operators; default: the local user)")
 
+    spec = sub.add_parser("kernelspec", help="the sandboxed kernel for a Jupyter gateway host")
+    spec_sub = spec.add_subparsers(dest="spec_command", required=True)
+    spec_install = spec_sub.add_parser("install", help="install the 'dataref' kernelspec")
+    where = spec_install.add_mutually_exclusive_group()
+    where.add_argument("--user", action="store_true", help="into the user's Jupyter data dir")
+    where.add_argument("--prefix", help="into PREFIX/share/jupyter/kernels (e.g. a venv)")
+    spec_install.add_argument("--name", default="dataref", help="kernelspec name")
+    spec_install.add_argument("--uid-base", type=int, help="first host uid of its kernels")
+    spec_install.add_argument("--state-dir", help="where its kernels' directories go")
+
     demo = sub.add_parser("demo", help="run the article's session through a real MCP client")
     demo.add_argument("--out", default="demo-output", help="where the notebook and chart go")
     demo.add_argument("--state-dir", help="server state dir (default: a new temporary one)")
@@ -70,6 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .notebook_export import cli_export
 
         return cli_export(settings, args.notebook, args.out, args.owner)
+    if args.command == "kernelspec":
+        return kernelspec_install(args)
     if args.command == "demo":
         from .walkthrough import run_demo
 
@@ -110,6 +122,21 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
         show_banner=False,
         host_origin_protection="auto",  # DNS rebinding: refuse foreign Host/Origin on loopback
     )
+    return 0
+
+
+def kernelspec_install(args: argparse.Namespace) -> int:
+    from .kernels.kernelspec import install
+
+    path = install(
+        user=args.user,
+        prefix=args.prefix,
+        name=args.name,
+        config=args.config,
+        uid_base=args.uid_base,
+        state_dir=args.state_dir,
+    )
+    print(f"installed kernelspec {args.name!r} in {path}")
     return 0
 
 

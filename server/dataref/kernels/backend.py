@@ -21,7 +21,7 @@ class Channels(Protocol):
 
     queue: asyncio.Queue[tuple[str, dict[str, Any]]]
 
-    def execute(self, code: str, *, store_history: bool) -> str:
+    async def execute(self, code: str, *, store_history: bool) -> str:
         """Send an execute_request; returns its msg_id."""
 
     def drain(self) -> None:

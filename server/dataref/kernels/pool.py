@@ -187,7 +187,9 @@ class KernelPool:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             # The details (paths, the kernel's log) are for the operator, not the agent.
-            log.error("kernel %s did not start: %r; kernel log: %s", kernel.kernel_id, exc, tail[-2000:])
+            log.error(
+                "kernel %s did not start: %r; kernel log: %s", kernel.kernel_id, exc, tail[-2000:]
+            )
             if isinstance(exc, DatarefError):  # the backend's own words for the operator's fix
                 raise
             raise ComputeError(

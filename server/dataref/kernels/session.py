@@ -75,7 +75,7 @@ class KernelChannels:
                 continue
             self.queue.put_nowait((channel, msg))
 
-    def execute(self, code: str, *, store_history: bool) -> str:
+    async def execute(self, code: str, *, store_history: bool) -> str:
         return self.client.execute(
             code, store_history=store_history, allow_stdin=False, stop_on_error=False
         )
@@ -217,7 +217,7 @@ async def execute_cell(
     """Run ``code``; returns the result and whether the kernel must be restarted."""
     loop = asyncio.get_running_loop()
     channels.drain()
-    msg_id = channels.execute(code, store_history=store_history)
+    msg_id = await channels.execute(code, store_history=store_history)
     collector = _Collector()
     start = loop.time()
     deadline = start + timers.timeout_s
