@@ -79,3 +79,30 @@ class HttpServer:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+# -- kernels on a Jupyter gateway ----------------------------------------------------------------
+
+# The backends the kernel test sets run against: local sandboxed kernels, and the same
+# kernelspec launched by a real Kernel Gateway and a real Enterprise Gateway.
+BACKENDS = ("local", "kg", "eg")
+GATEWAY_OWNER = "analyst"  # Enterprise Gateway refuses root, the local user in CI
+
+
+@pytest.fixture(scope="session")
+def gateways(tmp_path_factory):
+    """Started on first use, stopped at the end of the session; missing gateways FAIL."""
+    from .gateways.servers import GatewaySet
+
+    started = GatewaySet(tmp_path_factory.mktemp("gateways"))
+    yield started
+    started.stop_all()
+
+
+def backend_settings(request, state_dir: Path, backend: str, **overrides) -> Settings:
+    """make_settings for ``backend``: a gateway's url and token, and an owner it accepts."""
+    if backend != "local":
+        gateway = request.getfixturevalue("gateways").get(backend)
+        overrides["kernels"] = gateway.kernels_settings(**overrides.get("kernels", {}))
+        overrides.setdefault("owner", GATEWAY_OWNER)
+    return make_settings(state_dir, **overrides)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 
@@ -15,11 +18,12 @@ from fastmcp.exceptions import ToolError
 from fastmcp.utilities.tests import asgi_server
 
 from dataref.app import create_app
+from dataref.kernels.uids import processes
 from dataref.producers import ProducerContext, registry
 from dataref.store import frame_to_table
 from dataref.walkthrough import QOQ_CODE
 
-from .conftest import make_settings
+from .conftest import BACKENDS, backend_settings, make_settings
 from .kernel_support import require_bwrap
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
@@ -27,11 +31,14 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 QOQ = QOQ_CODE  # the article's code, verbatim
 
 
-@pytest.fixture(scope="module")
-def settings(tmp_path_factory):
+@pytest.fixture(scope="module", params=BACKENDS)
+def settings(request, tmp_path_factory):
+    """Every test of this set runs on local kernels and on kernels of each gateway."""
     require_bwrap()
-    return make_settings(
+    return backend_settings(
+        request,
         tmp_path_factory.mktemp("compute"),
+        request.param,
         kernels={"warm_spares": 1, "uid_base": 63000, "uid_count": 50},
         compute={"interrupt_grace_seconds": 1, "progress_interval_seconds": 0.3},
     )
@@ -176,6 +183,23 @@ async def test_a_crash_says_variables_are_gone_and_artifacts_are_kept(client, sa
         client, "result = [len(sales), 'doomed' in dir()]", inputs={"sales": sales_ref}
     )
     assert after["result"][0] > 40_000 and after["result"][1] is False
+
+
+async def test_a_kernel_killed_from_outside_is_reported_cleanly(client, sales_ref):
+    uid = (await call(client, "import os\nkept = 1\nresult = os.getuid()"))["result"]
+    running = asyncio.ensure_future(call(client, "import time\ntime.sleep(60)", timeout_s=120))
+    await asyncio.sleep(1.5)
+    assert not running.done()
+    started = time.monotonic()
+    for pid in [pid for pid, owner in processes() if owner == uid]:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+    out = await asyncio.wait_for(running, 30)
+    assert time.monotonic() - started < 15
+    assert not out["ok"] and "variables are gone" in out["error"]
+    assert "artifacts are kept" in out["error"]
+    after = await call(client, "result = ['kept' in dir(), len(s)]", inputs={"s": sales_ref})
+    assert after["result"][0] is False and after["result"][1] > 40_000
 
 
 async def test_a_long_call_sends_progress_notifications(client):

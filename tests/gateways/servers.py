@@ -148,3 +148,24 @@ def _wait(gateway: Gateway, timeout: float = 60) -> None:
         time.sleep(0.2)
     gateway.stop()
     raise RuntimeError(f"{gateway.kind} did not answer: {gateway.log.read_text()[-2000:]}")
+
+
+UID_BASES = {"kg": 65000, "eg": 67000}  # the gateways' kernels' uids: apart from the tests'
+
+
+class GatewaySet:
+    """Each kind started at most once, on first use."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.running: dict[str, Gateway] = {}
+
+    def get(self, kind: str) -> Gateway:
+        if kind not in self.running:
+            self.running[kind] = start_gateway(kind, self.workdir / kind, uid_base=UID_BASES[kind])
+        return self.running[kind]
+
+    def stop_all(self) -> None:
+        for gateway in self.running.values():
+            gateway.stop()
+        self.running.clear()

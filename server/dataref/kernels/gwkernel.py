@@ -100,11 +100,14 @@ class GatewayProcess:
         status = 404
         if self.gateway_id is not None:
             status = await self._client.kernel_post(self.gateway_id, "restart")
-        if status == 404:  # deleted behind our back (or culled): a new one
-            with_id = await self._client.start_kernel(self._backend.kernel_name, self._env)
-            self.gateway_id = with_id
-        elif status >= 300:
-            raise ComputeError(f"the kernel gateway could not restart the kernel ({status})")
+        if status >= 300:  # deleted behind our back, culled, or its restart failed: a new one
+            log.warning(
+                "gateway kernel %s: restart gave %s, starting a new one", self.gateway_id, status
+            )
+            old, self.gateway_id = self.gateway_id, None
+            if old is not None and status != 404:
+                await self._client.delete_kernel(old)
+            self.gateway_id = await self._client.start_kernel(self._backend.kernel_name, self._env)
         await self._connect()
 
     async def shutdown(self) -> None:
