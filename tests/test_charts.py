@@ -21,7 +21,7 @@ from dataref.charts import KINDS
 from dataref.config import local_user
 from dataref.errors import InvalidRequest, NotFound
 
-from .conftest import make_settings
+from .conftest import BACKENDS, backend_settings, make_settings
 from .kernel_support import require_bwrap
 
 NEVER_ISSUED = "chart_AAAAAAAAAAAAAAAAAAAAAA"
@@ -260,9 +260,12 @@ async def test_the_artifact_resource_gives_the_description_and_hides_other_owner
 # -- figures drawn inside run_python ------------------------------------------------------
 
 
-async def test_figures_drawn_in_run_python_come_back_as_bounded_images_never_as_text(tmp_path):
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_figures_drawn_in_run_python_come_back_as_bounded_images_never_as_text(
+    request, tmp_path, backend
+):
     require_bwrap()
-    settings = make_settings(tmp_path)
+    settings = backend_settings(request, tmp_path, backend)
     code = (
         "import numpy as np, matplotlib.pyplot as plt\n"
         "plt.plot([1, 2, 3], [3, 1, 2]); plt.show()\n"

@@ -122,6 +122,7 @@ class GatewayClient:
                     "the kernel gateway refused another kernel (its per-user or total limit) "
                     "- reset_kernel a notebook you no longer need, or try again later"
                 )
+            await self.check(name)  # a missing kernelspec gets its own fix
             raise ComputeError("the kernel gateway could not start a kernel - try again")
         return str(response.json()["id"])
 
