@@ -28,7 +28,7 @@ from dataref.app import create_app
 from dataref.config import Settings
 from dataref.store import ArtifactStore
 from dataref.walkthrough import QOQ_CODE, WORST_CODE
-from tests.conftest import make_settings
+from tests.conftest import BACKENDS, backend_settings, make_settings
 from tests.kernel_support import require_bwrap
 
 
@@ -163,15 +163,17 @@ SESSIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> dict[str, Recorded]:
+@pytest.fixture(scope="module", params=BACKENDS)
+def recorded(request, tmp_path_factory) -> dict[str, Recorded]:
+    """The sessions, recorded on local kernels and on kernels of each gateway."""
     require_bwrap()
     state = tmp_path_factory.mktemp("transcripts")
 
     async def record_all() -> dict[str, Recorded]:
         done = {}
         for name, session in SESSIONS.items():
-            rec = Recorded(make_settings(state, owner=f"owner-{name}"))
+            owner = f"owner-{name}"
+            rec = Recorded(backend_settings(request, state, request.param, owner=owner))
             rec.client = Client(create_app(rec.settings))
             await rec.client.__aenter__()
             try:

@@ -22,7 +22,9 @@ ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".gateways"
 KINDS = ("kg", "eg")
 # Owners the tests use; Enterprise Gateway refuses every other KERNEL_USERNAME (and root).
-USERS = ("dataref", "analyst", "alice", "bob", "replayer")
+USERS = ("dataref", "analyst", "alice", "bob") + tuple(
+    f"owner-{name}" for name in ("article", "chain", "failed-then-fixed", "reset", "restart")
+)
 
 
 @dataclass

@@ -109,7 +109,11 @@ class GatewayClient:
             )
 
     async def start_kernel(self, name: str, env: dict[str, str]) -> str:
-        response = await self.request("POST", "/api/kernels", json={"name": name, "env": env})
+        body = {"name": name, "env": env}
+        response = await self.request("POST", "/api/kernels", json=body)
+        if response.status_code >= 500:  # once more: a gateway's transient failure
+            await asyncio.sleep(0.5)
+            response = await self.request("POST", "/api/kernels", json=body)
         if response.status_code not in (200, 201):
             log.error(
                 "kernel gateway %s: starting a kernel gave %s %s",
