@@ -9,7 +9,7 @@ Requests (comm_msg data; each answered before the kernel goes idle):
   {"op": "put", "ref", "offset", "total"} + one buffer   a chunk of an Arrow IPC file
   {"op": "commit", "refs": [...]}                        -> {"ok": true} or {"error"}
   {"op": "read", "cell", "file", "max", "chunk"}         -> {"size"}, then {"offset"} + buffer...
-  {"op": "remove", "cell"}                               the cell's output files are deleted
+  {"op": "remove", "cell"}                               the cell's files are deleted; no reply
 """
 
 import os
@@ -73,9 +73,8 @@ def install(shell, staged, out_root, np, pa):
 
     def remove(data):
         cell = data["cell"]
-        if _TOKEN.match(cell):
+        if isinstance(cell, str) and _TOKEN.match(cell):
             shutil.rmtree(os.path.join(out_root, cell), ignore_errors=True)
-        return {"ok": True}
 
     def target(comm, open_msg):
         def on_msg(msg):
@@ -85,12 +84,13 @@ def install(shell, staged, out_root, np, pa):
                 if op == "put":
                     put(data, msg.get("buffers") or [])
                     return
+                if op == "remove":  # no reply: the server does not wait for it
+                    remove(data)
+                    return
                 if op == "commit":
                     reply = commit(data)
                 elif op == "read":
                     reply = read(comm, data)
-                elif op == "remove":
-                    reply = remove(data)
                 else:
                     reply = {"error": f"unknown op {op!r}"}
             except FileNotFoundError:

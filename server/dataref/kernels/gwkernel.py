@@ -172,10 +172,12 @@ class GatewayProcess:
         return self._bridge(self._read(data, filename, max_bytes))
 
     def remove_outputs(self, cell_id: str) -> None:
-        try:
-            self._bridge(self._call({"op": "remove", "cell": cell_id}, timeout=30))
-        except (ComputeError, OSError):
-            log.debug("kernel %s: outputs of %s not removed", self.gateway_id, cell_id)
+        """Sent without waiting: the shell channel keeps it ahead of the next cell."""
+        channels, loop = self._channels, self._loop
+        if channels is None or channels.dead or loop is None:
+            return  # a restarted kernel has no old outputs
+        content = {"comm_id": self._comm_id, "data": {"op": "remove", "cell": cell_id}}
+        asyncio.run_coroutine_threadsafe(channels.send("comm_msg", content), loop)
 
     def _bridge(self, coro: Any) -> Any:
         assert self._loop is not None
