@@ -22,9 +22,8 @@ ROOT = Path(__file__).resolve().parents[2]
 VENVS = ROOT / ".gateways"
 KINDS = ("kg", "eg")
 # Owners the tests use; Enterprise Gateway refuses every other KERNEL_USERNAME (and root).
-USERS = ("dataref", "analyst", "alice", "bob") + tuple(
-    f"owner-{name}" for name in ("article", "chain", "failed-then-fixed", "reset", "restart")
-)
+SESSIONS = ("article", "chain", "failed-then-fixed", "reset", "restart")  # test_transcript's
+USERS = ("dataref", "analyst", "alice", "bob", *(f"owner-{name}" for name in SESSIONS))
 
 
 @dataclass
