@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps serve serve-http test test-e2e test-fast bench lint doctor demo clean
+.PHONY: setup system-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -28,7 +28,12 @@ serve: setup  ## the MCP server over stdio on the demo source (what MCP hosts la
 serve-http: setup  ## streamable HTTP on 127.0.0.1:8000/mcp; needs [auth] tokens in the config
 	$(VENV)/bin/dataref serve --http
 
-test: setup  ## the whole test suite
+# Jupyter Kernel Gateway and Enterprise Gateway, each in a venv of its own under .gateways/:
+# the kernel tests run on them too (and fail without them).
+gateways: setup
+	bash tests/gateways/setup.sh
+
+test: setup gateways  ## the whole test suite
 	$(PY) -m pytest -q
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
@@ -37,8 +42,9 @@ test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, Jupy
 	bash tests/e2e/setup.sh
 	$(PY) -m pytest -q tests/e2e
 
-bench: setup  ## benchmarks against the seed-style baseline and the naive pattern
+bench: setup gateways  ## benchmarks against the seed-style baseline and the naive pattern
 	$(PY) -m tests.benchmarks
+	$(PY) -m tests.benchmarks.gateways
 
 demo: setup  ## the article's session through a real MCP client
 	$(VENV)/bin/dataref demo
@@ -51,4 +57,4 @@ lint: setup
 	$(VENV)/bin/ruff format --check server tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache test-output .node
+	rm -rf $(VENV) build *.egg-info .pytest_cache test-output .node .gateways
