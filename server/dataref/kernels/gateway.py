@@ -27,7 +27,7 @@ import httpx
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
-from ..errors import ComputeError
+from ..errors import ComputeError, LimitExceeded
 
 log = logging.getLogger(__name__)
 
@@ -83,11 +83,7 @@ class GatewayClient:
                 response.status_code,
                 response.text[:300],
             )
-            raise GatewayUnavailable(
-                "kernels are unavailable: the kernel gateway refused the server's token or "
-                "user - the operator should set kernels.gateway_token to the gateway's auth "
-                "token (and allow the user in EG_AUTHORIZED_USERS on Enterprise Gateway)"
-            )
+            raise refusal(response)
         return response
 
     async def check(self, kernel_name: str) -> None:
@@ -121,11 +117,6 @@ class GatewayClient:
                 response.status_code,
                 response.text[:500],
             )
-            if response.status_code == 403 or "max" in response.text.lower():
-                raise ComputeError(
-                    "the kernel gateway refused another kernel (its per-user or total limit) "
-                    "- reset_kernel a notebook you no longer need, or try again later"
-                )
             await self.check(name)  # a missing kernelspec gets its own fix
             raise ComputeError("the kernel gateway could not start a kernel - try again")
         return str(response.json()["id"])
@@ -159,6 +150,26 @@ class GatewayClient:
                 "the operator should check the gateway's log"
             ) from exc
         return GatewayChannels(ws)
+
+
+def refusal(response: httpx.Response) -> ComputeError:
+    """A 401/403 in the agent's words: a full gateway, an owner it does not admit, or a token
+    it refuses (the gateway's own reason goes to the log only)."""
+    reason = response.text.lower()
+    if response.status_code == 403 and ("maximum" in reason or "limit" in reason):
+        return LimitExceeded(
+            "the kernel gateway refused another kernel (its per-user or total limit) - "
+            "reset_kernel a notebook you no longer need, or try again later"
+        )
+    if response.status_code == 403 and "authorized" in reason:
+        return GatewayUnavailable(
+            "kernels are unavailable to this owner: the kernel gateway does not admit it - the "
+            "operator should add it to the gateway's authorized users (EG_AUTHORIZED_USERS)"
+        )
+    return GatewayUnavailable(
+        "kernels are unavailable: the kernel gateway refused the server's token - the operator "
+        "should set kernels.gateway_token to the gateway's auth token"
+    )
 
 
 class GatewayChannels:
