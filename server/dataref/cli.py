@@ -151,6 +151,8 @@ def announce_sandbox(settings: Settings) -> None:
 
 
 def doctor(settings: Settings) -> int:
+    if settings.kernels.gateway_url:
+        return doctor_gateway(settings)
     from .kernels import check_sandbox
 
     report = check_sandbox(settings)
@@ -161,6 +163,17 @@ def doctor(settings: Settings) -> int:
         print(f"  PROBLEM: {line}")
     print("sandbox works" if report.ok else "sandbox does NOT work here")
     return 0 if report.ok else 1
+
+
+def doctor_gateway(settings: Settings) -> int:
+    """Kernels run on a gateway: check it (the gateway host checks its own sandbox with
+    `dataref doctor` there)."""
+    from .kernels.gwkernel import check_gateway
+
+    problem = check_gateway(settings)
+    print(f"kernels: on the gateway {settings.kernels.gateway_url}")
+    print(f"  PROBLEM: {problem}" if problem else "  ok: it answers and has the kernelspec")
+    return 1 if problem else 0
 
 
 if __name__ == "__main__":

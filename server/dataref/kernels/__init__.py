@@ -1,12 +1,17 @@
-"""Sandboxed IPython kernels: one per (owner, notebook), started from a warm pool.
+"""IPython kernels: one per (owner, notebook), started from a warm pool, on a backend.
 
-pool.py     KernelPool: assignment, warm spares, caps, idle reaper
-kernel.py   NotebookKernel: one kernel process, restarted in place when it dies
-session.py  executing one cell: outputs, errors, timeout -> interrupt -> restart
-manager.py  the jupyter_client KernelManager that launches inside the sandbox
-sandbox.py  directories, uids and the bubblewrap command line
-seccomp.py  the seccomp filter bwrap loads
-check.py    check_sandbox(), behind `dataref doctor`
+pool.py       KernelPool: assignment, warm spares, caps, idle reaper
+kernel.py     NotebookKernel: one kernel, restarted in place when it dies
+session.py    executing one cell: outputs, errors, timeout -> interrupt -> restart
+backend.py    the seam: KernelBackend / KernelProcess, what the pool needs of a backend
+local.py      the local backend: sandboxed ipykernels on this machine
+gwkernel.py   the gateway backend: kernels on Kernel Gateway / Enterprise Gateway
+gateway.py    the gateway's REST + WebSocket client
+kernelspec.py the `dataref` kernelspec a gateway launches (the local sandbox, relayed)
+manager.py    the jupyter_client KernelManager that launches inside the sandbox
+sandbox.py    directories, uids and the bubblewrap command line
+seccomp.py    the seccomp filter bwrap loads
+check.py      check_sandbox(), behind `dataref doctor`
 """
 
 from .check import SandboxReport, check_sandbox

@@ -249,3 +249,22 @@ def _output_error(filename: str, error: str) -> Exception:
     if error in ("too large", "not a regular file"):
         return ValueError(f"output {filename!r} is {error}")
     return OSError(f"output {filename!r}: {error[:200]}")
+
+
+def check_gateway(settings: Settings) -> str | None:
+    """For `dataref doctor`: None when the gateway answers, takes the token and has the
+    kernelspec; else what the operator should fix."""
+
+    async def run() -> str | None:
+        k = settings.kernels
+        assert k.gateway_url is not None
+        client = GatewayClient(k.gateway_url, k.gateway_token, launch_timeout_s=10)
+        try:
+            await client.check(k.gateway_kernel)
+        except GatewayUnavailable as exc:
+            return str(exc)
+        finally:
+            await client.close()
+        return None
+
+    return asyncio.run(run())
