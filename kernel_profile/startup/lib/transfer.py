@@ -10,6 +10,7 @@ Requests (comm_msg data; each answered before the kernel goes idle):
   {"op": "commit", "refs": [...]}                        -> {"ok": true} or {"error"}
   {"op": "read", "cell", "file", "max", "chunk"}         -> {"size"}, then {"offset"} + buffer...
   {"op": "remove", "cell"}                               the cell's files are deleted; no reply
+Each cell also starts by deleting the files of earlier cells (which the server has read).
 """
 
 import os
@@ -103,4 +104,16 @@ def install(shell, staged, out_root, np, pa):
 
         comm.on_msg(on_msg)
 
+    def clear_earlier_outputs(info):
+        """The server has read the last cell's files before it sends the next cell: remote
+        servers need no round trip to delete them (a local server deletes them itself)."""
+        try:
+            entries = list(os.scandir(out_root))
+        except OSError:
+            return
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
     shell.kernel.comm_manager.register_target(TARGET, target)
+    shell.events.register("pre_run_cell", clear_earlier_outputs)

@@ -138,6 +138,7 @@ class GatewayClient:
                 additional_headers=headers,
                 max_size=None,
                 compression=None,
+                write_limit=4 * MAX_FRAME_BYTES,  # the next chunk queues while one is sent
                 create_connection=QuickAckConnection,
                 open_timeout=30,
                 ping_interval=20,

@@ -172,12 +172,8 @@ class GatewayProcess:
         return self._bridge(self._read(data, filename, max_bytes))
 
     def remove_outputs(self, cell_id: str) -> None:
-        """Sent without waiting: the shell channel keeps it ahead of the next cell."""
-        channels, loop = self._channels, self._loop
-        if channels is None or channels.dead or loop is None:
-            return  # a restarted kernel has no old outputs
-        content = {"comm_id": self._comm_id, "data": {"op": "remove", "cell": cell_id}}
-        asyncio.run_coroutine_threadsafe(channels.send("comm_msg", content), loop)
+        """Nothing to send: the profile deletes earlier cells' files when the next cell starts
+        (lib/transfer.py), which saves a round trip per call."""
 
     def _bridge(self, coro: Any) -> Any:
         assert self._loop is not None
