@@ -108,3 +108,40 @@ async def test_an_output_over_the_artifact_cap_is_refused_as_for_local_kernels(r
         out = await call(client, "import pandas as pd\n" + code)
     assert out["outputs"] == {}
     assert any("exceeds the artifact size cap" in note for note in out["notes"]), out
+
+
+async def test_caps_and_idle_reaping_hold_for_gateway_kernels(request, tmp_path):
+    """The pool's caps and reaper are above the seam: a reaped kernel is gone from the
+    gateway too, and the owner's next call gets a fresh one."""
+    import asyncio
+
+    import httpx
+
+    from dataref.errors import LimitExceeded
+    from dataref.kernels import KernelPool
+
+    settings = backend_settings(
+        request, tmp_path, "kg", kernels={"max_per_owner": 1, "idle_timeout_seconds": 1}
+    )
+    gateway = request.getfixturevalue("gateways").get("kg")
+    pool = KernelPool(settings)
+    await pool.start()
+    try:
+        kernel = await pool.kernel("analyst", "nb1")
+        assert (await kernel.execute("x = 1", timeout_s=30)).status == "ok"
+        with pytest.raises(LimitExceeded, match="reset_kernel"):
+            await pool.kernel("analyst", "nb2")
+        url = f"{gateway.url}/api/kernels/{kernel.process.gateway_id}"
+        headers = {"Authorization": f"token {gateway.token}"}
+        async with httpx.AsyncClient(headers=headers) as http:
+            assert (await http.get(url)).status_code == 200
+            for _ in range(150):  # reaped after ~1.5 s, then deleted on the gateway
+                if kernel.closed and (await http.get(url)).status_code == 404:
+                    break
+                await asyncio.sleep(0.1)
+            assert kernel.closed and pool.live() == []
+            assert (await http.get(url)).status_code == 404
+        fresh = await pool.kernel("analyst", "nb2")
+        assert (await fresh.execute("result = 1", timeout_s=30)).status == "ok"
+    finally:
+        await pool.close()
