@@ -31,7 +31,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..config import Settings, load_settings
@@ -147,14 +147,15 @@ def launch(connection_file: str, settings: Settings) -> int:
     outer = json.loads(Path(connection_file).read_text())
     root = settings.state_dir / "gateway-kernels"
     root.mkdir(mode=0o711, parents=True, exist_ok=True)
-    remove_stale_boxes(root)
     uid, lock_fd = claim_uid(settings, settings.state_dir / "gateway-uids")
     kernel_id = secrets.token_hex(5)
     box = KernelBox(kernel_id=kernel_id, root=root / kernel_id, uid=uid)
     seccomp = root / "seccomp.bpf"
-    write_seccomp(seccomp)
     runtime = detect_runtime()
-    box.create()
+    with _launching(root):  # launchers run concurrently: no sweep while a box is half made
+        remove_stale_boxes(root)
+        write_seccomp(seccomp)
+        box.create()
     inner = kernel_connection(outer, box)
     box.connection_file.write_text(json.dumps(inner))
     os.chown(box.connection_file, 0, uid)
@@ -179,6 +180,16 @@ def launch(connection_file: str, settings: Settings) -> int:
         _kill_uid(uid)
         box.remove()
         os.close(lock_fd)
+
+
+@contextlib.contextmanager
+def _launching(root: Path) -> Iterator[None]:
+    fd = os.open(root / ".launch.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def _lock_run_dir(box: KernelBox, inner: dict, kernel: subprocess.Popen, timeout: float) -> bool:
