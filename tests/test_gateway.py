@@ -7,6 +7,8 @@ the kernel's channel in chunks under the gateway's 10 MiB message limit, both wa
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from fastmcp import Client
 from fastmcp.exceptions import ToolError
@@ -145,3 +147,49 @@ async def test_caps_and_idle_reaping_hold_for_gateway_kernels(request, tmp_path)
         assert (await fresh.execute("result = 1", timeout_s=30)).status == "ok"
     finally:
         await pool.close()
+
+
+async def test_a_gateway_killed_outright_leaves_no_kernel_process_behind(tmp_path):
+    """The kernelspec's launcher dies with its gateway and takes the sandbox with it."""
+    import asyncio
+    import shutil
+    import tempfile
+
+    import psutil
+
+    from dataref.errors import ComputeError
+    from dataref.kernels import KernelPool
+
+    from .gateways.servers import start_gateway
+
+    require_bwrap()
+    short = Path(tempfile.mkdtemp(prefix="gwk"))  # ipc socket paths are limited to 107 bytes
+    request_cleanup = [lambda: shutil.rmtree(short, ignore_errors=True)]
+    gateway = start_gateway("kg", short, uid_base=66000)
+    settings = make_settings(
+        tmp_path / "state",
+        owner="analyst",
+        kernels={"warm_spares": 0, "gateway_url": gateway.url, "gateway_token": gateway.token},
+    )
+    pool = KernelPool(settings)
+    await pool.start()
+    try:
+        kernel = await pool.kernel("analyst", "nb1")
+        assert (await kernel.execute("x = 1", timeout_s=30)).status == "ok"
+        children = psutil.Process(gateway.process.pid).children(recursive=True)
+        assert any(c.uids().real >= 66000 for c in children)  # the sandboxed kernel
+        gateway.process.kill()
+        gateway.process.wait()
+        for _ in range(100):
+            alive = [c for c in children if c.is_running() and c.status() != "zombie"]
+            if not alive:
+                break
+            await asyncio.sleep(0.1)
+        assert alive == []
+        with pytest.raises(ComputeError, match="gateway does not answer"):
+            await kernel.execute("x", timeout_s=5)  # the kernel is gone, and so is the gateway
+    finally:
+        await pool.close()
+        gateway.stop()
+        for cleanup in request_cleanup:
+            cleanup()

@@ -168,6 +168,7 @@ def launch(connection_file: str, settings: Settings) -> int:
         argv, env=dict(_LAUNCHER_ENV), cwd=box.root, stdout=subprocess.DEVNULL
     )
     _forward_signals(kernel)
+    _die_with_gateway()
     try:
         if not _lock_run_dir(box, inner, kernel, settings.kernels.startup_timeout_seconds):
             return kernel.wait() or 1
@@ -207,6 +208,18 @@ def _lock_run_dir(box: KernelBox, inner: dict, kernel: subprocess.Popen, timeout
         if entry.name not in expected:
             os.unlink(entry.path)
     return all(is_socket_of(p, box.uid) for p in paths)
+
+
+def _die_with_gateway() -> None:
+    """SIGTERM when the gateway that started this launcher dies (it may be SIGKILLed without
+    stopping its kernels): the handler below then ends the sandbox and cleans up."""
+    import ctypes
+
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the call
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _forward_signals(kernel: subprocess.Popen) -> None:
