@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -52,11 +53,13 @@ class HttpServer:
 
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        # A file, not a pipe: the server logs a JSON line per call, and a full pipe would block it.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 (read after stop; freed with self)
         self.proc = subprocess.Popen(
             [DATAREF, "serve", "--http", "--port", str(self.port)],
             env=child_env(state_dir, DATAREF_AUTH__TOKENS=json.dumps(tokens), **env),
             stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
+            stderr=self.log,
         )
         self._wait()
 
@@ -64,13 +67,18 @@ class HttpServer:
         deadline = time.time() + 60
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited: {self.proc.stderr.read().decode()[-2000:]}")
+                raise RuntimeError(f"server exited: {self.stderr_text()[-2000:]}")
             try:
                 httpx2.get(f"{self.url}/mcp", timeout=1)
                 return
             except httpx2.HTTPError:
                 time.sleep(0.2)
         raise RuntimeError("server did not start")
+
+    def stderr_text(self) -> str:
+        """What the server wrote on stderr so far (its JSON log lines)."""
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
     def stop(self) -> None:
         self.proc.terminate()

@@ -24,7 +24,9 @@ from pydantic import Field
 from . import __version__, compute
 from .auth import OwnerResolver, Transport, build_auth
 from .config import Settings
+from .edge import AuthAuditMiddleware, ExposureMiddleware
 from .errors import DatarefError
+from .metrics import Metrics
 from .producers import Producer
 from .routes import chart_result, download_base, read_owned, serve_download, with_figures
 from .workspace import Workspace
@@ -126,6 +128,11 @@ class App:
         self.kernels = kernels
         self.owners = OwnerResolver(settings, transport)
         self._workspace: Workspace | None = None
+        self.metrics = Metrics()
+        self.metrics.watch(self.workspace_or_none)
+
+    def workspace_or_none(self) -> Workspace | None:
+        return self._workspace
 
     @property
     def ws(self) -> Workspace:
@@ -157,6 +164,8 @@ def create_app(
         auth=build_auth(settings) if transport == "http" else None,
         lifespan=app.lifespan,
         mask_error_details=True,
+        # Every tool reply passes here: measured, budgeted, recorded in the exposure ledger.
+        middleware=[ExposureMiddleware(app)],
     )
     # Producers are built before the lifespan runs, from the same registry the workspace uses.
     from .producers import load_producers
@@ -170,6 +179,7 @@ def create_app(
         from .web import mount
 
         mount(mcp, settings, lambda: app.ws)
+    register_operations_routes(mcp, app)
     return mcp
 
 
@@ -359,3 +369,26 @@ def register_transcript_tools(mcp: FastMCP, app: App) -> None:
     async def notebook_resource(handle: str) -> str:
         """One of your notebooks, exported data-free (.ipynb JSON)."""
         return await read_owned(app, exported_json, handle)
+
+
+# -- operations: /metrics, and the HTTP middleware that audits authentication failures ----
+
+
+def register_operations_routes(mcp: FastMCP, app: App) -> None:
+    """GET /metrics (Prometheus text), behind its own bearer token ([metrics] token)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    from .edge import metrics_response
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request: Request) -> Response:
+        return await metrics_response(app, request)
+
+
+def http_middleware(mcp: FastMCP) -> list[Any]:
+    """ASGI middleware of ``dataref serve --http``: every 401/403 becomes an audit event."""
+    from starlette.middleware import Middleware as ASGIMiddleware
+
+    edge = next(m for m in mcp.middleware if isinstance(m, ExposureMiddleware))
+    return [ASGIMiddleware(AuthAuditMiddleware, app=edge.app)]

@@ -1,4 +1,4 @@
-"""``dataref serve | doctor | export | demo``: the command line."""
+"""``dataref serve | doctor | export | exposure | demo``: the command line."""
 
 from __future__ import annotations
 
@@ -39,6 +39,16 @@ def build_parser() -> argparse.ArgumentParser:
     spec_install.add_argument("--name", default="dataref", help="kernelspec name")
     spec_install.add_argument("--uid-base", type=int, help="first host uid of its kernels")
     spec_install.add_argument("--state-dir", help="where its kernels' directories go")
+    exposure = sub.add_parser(
+        "exposure", help="what of each source reached the model, per owner (exposure ledger)"
+    )
+    exposure.add_argument("--owner", help="only this owner")
+    exposure.add_argument("--source", help="only this source ('-': replies of no source)")
+    exposure.add_argument("--since", help="only replies from this ISO date/time (UTC) on")
+    exposure.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    exposure.add_argument(
+        "--check", action="store_true", help="exit 1 when an owner has spent a daily budget"
+    )
 
     demo = sub.add_parser("demo", help="run the article's session through a real MCP client")
     demo.add_argument("--out", default="demo-output", help="where the notebook and chart go")
@@ -82,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return cli_export(settings, args.notebook, args.out, args.owner)
     if args.command == "kernelspec":
         return kernelspec_install(args)
+    if args.command == "exposure":
+        from .exposure import cli_exposure
+
+        return cli_exposure(settings, args)
     if args.command == "demo":
         from .walkthrough import run_demo
 
@@ -100,8 +114,10 @@ def page_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:
-    from .app import create_app
+    from .app import create_app, http_middleware
+    from .logs import configure_logging
 
+    configure_logging(settings)
     announce_sandbox(settings)
     if not http:
         create_app(settings, "stdio").run(show_banner=False)
@@ -121,6 +137,8 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
         path="/mcp",
         show_banner=False,
         host_origin_protection="auto",  # DNS rebinding: refuse foreign Host/Origin on loopback
+        middleware=http_middleware(mcp),  # 401/403 become audit events
+        uvicorn_config={"log_config": None},  # its log lines go through our JSON handler
     )
     return 0
 

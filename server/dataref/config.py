@@ -156,6 +156,12 @@ class SourceSettings(Section):
     )
     row_cap: int = Field(2_000_000, ge=1, description="Queries returning more rows are refused.")
     timeout_seconds: float = Field(10, gt=0, description="Statement timeout.")
+    model_bytes_per_day: int | None = Field(
+        None,
+        ge=1,
+        description="Bytes of tool replies from this source one owner may receive per UTC day "
+        "(the exposure ledger counts them); once spent, its tools refuse until midnight UTC.",
+    )
 
 
 class DemoSettings(Section):
@@ -166,6 +172,9 @@ class DemoSettings(Section):
         "Owners not listed see every region.",
     )
     sensitive: bool = Field(False, description="Treat the demo source as sensitive (no samples).")
+    model_bytes_per_day: int | None = Field(
+        None, ge=1, description="Daily budget per owner of the demo source, as for [sources.NAME]."
+    )
 
 
 class ServerSettings(Section):
@@ -175,6 +184,20 @@ class ServerSettings(Section):
         None, description="Base URL clients reach the server at; download links start with it."
     )
     download_ttl_seconds: int = Field(3600, ge=1, description="How long a download link works.")
+
+
+class MetricsSettings(Section):
+    token: str | None = Field(
+        None,
+        description="Bearer token of GET /metrics (Prometheus text) on the HTTP server; "
+        "unset: /metrics answers 404.",
+    )
+
+
+class LogSettings(Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Level of the JSON log lines on stderr (audit events are WARNING)."
+    )
 
 
 class ProducerSettings(Section):
@@ -232,6 +255,8 @@ class Settings(BaseSettings):
     producers: ProducerSettings = Field(default_factory=ProducerSettings)
     charts: ChartSettings = Field(default_factory=ChartSettings)
     page: PageSettings = Field(default_factory=PageSettings)
+    metrics: MetricsSettings = Field(default_factory=MetricsSettings)
+    logs: LogSettings = Field(default_factory=LogSettings)
 
     # Set by load_settings(): the TOML file to read, if any.
     _toml_file: Path | None = None

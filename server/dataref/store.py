@@ -334,6 +334,24 @@ class ArtifactStore:
             ).fetchall()
         return [self._row_to_artifact(r) for r in rows]
 
+    def owner_of(self, ref: str) -> str | None:
+        """Whose live artifact ``ref`` is: for audit events only, never for a client."""
+        if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref):
+            return None
+        with self._lock:
+            row = self._db.execute(
+                "SELECT owner FROM artifacts WHERE ref = ? AND expires > ?", (ref, self.clock())
+            ).fetchone()
+        return row[0] if row else None
+
+    def total_bytes(self) -> int:
+        """Bytes of every live artifact and chart, all owners (the metrics gauge)."""
+        with self._lock:
+            (total,) = self._db.execute(
+                "SELECT COALESCE(SUM(bytes), 0) FROM artifacts WHERE expires > ?", (self.clock(),)
+            ).fetchone()
+        return int(total)
+
     def drop(self, owner: str, ref: str) -> Artifact:
         art = self.get(owner, ref)
         with self._lock, self._db:

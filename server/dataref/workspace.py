@@ -17,6 +17,8 @@ from .config import Settings
 from .describe import describe, describe_columns
 from .downloads import Downloads
 from .errors import ComputeError
+from .exposure import Exposure
+from .ledger import SQLiteLedger
 from .producers import ProducerContext, ProducerRegistry, load_producers
 from .shown import Shown
 from .store import ArtifactStore, frame_to_table
@@ -31,6 +33,8 @@ class Workspace:
         self.transcripts = Transcripts(settings.state_dir / "notebooks")
         self.downloads = Downloads(settings.state_dir / "exports")
         self.shown = Shown(settings.state_dir / "page")  # what calls showed, for the page
+        self.ledger = SQLiteLedger(settings.state_dir / "ledger")
+        self.exposure = Exposure(settings, self.ledger, self.store)
         self.producers: ProducerRegistry = load_producers(settings)
         self.pool: Any = None  # KernelPool, started by start()
         self.kernel_problem: str | None = None  # why the pool did not start, if it did not
@@ -64,6 +68,7 @@ class Workspace:
         finally:
             self.store.close()
             self.transcripts.close()
+            self.ledger.close()
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -86,13 +91,16 @@ class Workspace:
         producer = self.producers.get(name)
         handle = self.transcripts.resolve(owner, notebook)
         arguments = producer.explicit(arguments)
-        ctx = ProducerContext(owner=owner, settings=self.settings)
+        ctx = ProducerContext(owner=owner, settings=self.settings, guard=self.exposure.touch)
         started = time.perf_counter()
         table = frame_to_table(producer.run(ctx, arguments))
+        if ctx.source is None:  # a producer naming no source counts under its tool name
+            ctx.use_source(name)
+        lineage = {"tool": name, "args": arguments, "parents": [], "notebook": handle}
         art = self.store.put_table(
             owner,
             table,
-            lineage={"tool": name, "args": arguments, "parents": [], "notebook": handle},
+            lineage={**lineage, "source": ctx.source},
             sensitive=ctx.sensitive,
         )
         elapsed = time.perf_counter() - started

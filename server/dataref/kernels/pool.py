@@ -101,6 +101,14 @@ class KernelPool:
     def live(self) -> list[tuple[str, str]]:
         return list(self._kernels)
 
+    def counts(self) -> dict[str, int]:
+        """Kernels by state, for the metrics gauge."""
+        return {
+            "assigned": len(self._kernels),
+            "starting": len(self._starting),
+            "spare": len(self._spares),
+        }
+
     async def wait_for_spares(self, timeout: float = 60.0) -> int:
         """Wait until the warm spares are started (tests, and a server that wants them first)."""
         loop = asyncio.get_running_loop()

@@ -40,6 +40,17 @@ class ProducerContext:
     settings: Settings
     # A producer sets this when its rows come from a sensitive source: no samples then.
     sensitive: bool = False
+    # The source the rows come from (use_source); the exposure ledger counts against it.
+    source: str | None = None
+    # Set by the workspace: checks the source's budget; raises when it is spent.
+    guard: Callable[[str, str], None] | None = None
+
+    def use_source(self, name: str) -> None:
+        """Name the source the rows come from, before reading it: its daily budget is
+        checked (a spent one refuses the call) and the artifact's lineage records it."""
+        self.source = name
+        if self.guard is not None:
+            self.guard(self.owner, name)
 
 
 @dataclass(frozen=True)

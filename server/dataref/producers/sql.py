@@ -291,6 +291,7 @@ def fetch_sql(ctx: ProducerContext, query: str, source: str | None = None) -> pd
     Row cap and statement timeout apply; aggregate in SQL when you can."""
     sql = check_select(query)
     name, settings = resolve_source(ctx, source)
+    ctx.use_source(name)
     if settings.sensitive:
         ctx.sensitive = True
     conn = open_source(ctx, name, settings)
