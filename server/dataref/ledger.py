@@ -43,6 +43,7 @@ def is_full(exc: BaseException) -> bool:
         isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
     )
 
+
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS replies (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
