@@ -209,7 +209,7 @@ class SQLiteLedger:
         self._db.execute("PRAGMA busy_timeout=10000")
         self.reserve = self.path.parent / RESERVE_FILE
         self._reserve_tried = 0.0
-        if not read_only:
+        if not read_only and not self.reserve.exists():
             self._refill_reserve()
 
     def close(self) -> None:
