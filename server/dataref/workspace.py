@@ -17,7 +17,7 @@ from .config import Settings
 from .describe import describe, describe_columns
 from .downloads import Downloads
 from .errors import ComputeError
-from .producers import ProducerContext, ProducerRegistry, load_producers
+from .producers import Batches, ProducerContext, ProducerRegistry, load_producers
 from .shown import Shown
 from .store import ArtifactStore, frame_to_table
 from .transcript import Transcripts, record_producer
@@ -88,13 +88,17 @@ class Workspace:
         arguments = producer.explicit(arguments)
         ctx = ProducerContext(owner=owner, settings=self.settings)
         started = time.perf_counter()
-        table = frame_to_table(producer.run(ctx, arguments))
-        art = self.store.put_table(
-            owner,
-            table,
-            lineage={"tool": name, "args": arguments, "parents": [], "notebook": handle},
-            sensitive=ctx.sensitive,
-        )
+        result = producer.run(ctx, arguments)
+        lineage = {"tool": name, "args": arguments, "parents": [], "notebook": handle}
+        if isinstance(result, Batches):  # streamed: the store enforces its cap as it writes
+            with contextlib.closing(result):
+                art = self.store.put_batches(
+                    owner, result.schema, result, lineage=lineage, sensitive=ctx.sensitive
+                )
+            table = self.store.read_table(owner, art.ref)
+        else:
+            table = frame_to_table(result)
+            art = self.store.put_table(owner, table, lineage=lineage, sensitive=ctx.sensitive)
         elapsed = time.perf_counter() - started
         record_producer(
             self.transcripts,
