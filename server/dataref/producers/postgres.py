@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from typing import Any
 from urllib.parse import quote
 
 import adbc_driver_postgresql.dbapi as adbc_pg
@@ -60,10 +61,20 @@ def connect(source: SourceSettings) -> adbc_pg.Connection:
         ) from None
 
 
+def begin_as_owner(cursor: Any, source: SourceSettings, owner: str) -> None:
+    """A read-only transaction under the statement timeout, as ``owner``'s database role."""
+    role = source.role_for(owner)
+    if role is None:  # resolve_source refuses unmapped owners before this
+        raise DatarefError("no database role for this owner")
+    timeout_ms = max(1, int(source.timeout_seconds * 1000))
+    cursor.execute("BEGIN TRANSACTION READ ONLY")
+    cursor.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
+    cursor.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
+    cursor.execute(f"SET LOCAL ROLE {quote_ident(role)}")
+
+
 def run_postgres(source: SourceSettings, owner: str, sql: str) -> Batches:
     """Start ``sql`` as ``owner``'s role; batches stream as the caller reads them."""
-    role = source.role_for(owner)
-    assert role is not None  # resolve_source refuses unmapped owners
     conn = connect(source)
     cursor = conn.cursor()
 
@@ -74,11 +85,7 @@ def run_postgres(source: SourceSettings, owner: str, sql: str) -> Batches:
             conn.close()
 
     try:
-        timeout_ms = max(1, int(source.timeout_seconds * 1000))
-        cursor.execute("BEGIN TRANSACTION READ ONLY")
-        cursor.execute(f"SET LOCAL statement_timeout = {timeout_ms}")
-        cursor.execute(f"SET LOCAL lock_timeout = {timeout_ms}")
-        cursor.execute(f"SET LOCAL ROLE {quote_ident(role)}")
+        begin_as_owner(cursor, source, owner)
         cursor.execute(sql)
         reader = cursor.fetch_record_batch()
     except Exception as exc:
