@@ -114,9 +114,10 @@ def translate(exc: Exception, source: SourceSettings) -> Exception:
         )
     if state == "25006" or "read-only transaction" in message:
         return InvalidRequest(f"{REWRITE}; the database refused a write ({message})")
-    if state == "42501" or message.startswith("permission denied"):
+    if state == "42501" or message.startswith(("permission denied", "must be superuser")):
         return InvalidRequest(
-            f"PostgreSQL said: {message} - your database role may not read it; {SCHEMA_HINT}"
+            f"PostgreSQL refused: {message} - your database role is not allowed this; "
+            f"{SCHEMA_HINT}"
         )
     if not message:
         return DatarefError("the query failed on the source - try again, or simplify it")

@@ -57,7 +57,7 @@ def check_names(schema: pa.Schema) -> None:
 
 
 def _uuid_text(array: pa.Array) -> pa.Array:
-    storage = array.storage if isinstance(array, pa.ExtensionArray) else array
+    storage = getattr(array, "storage", array)
     return pa.array(
         [None if b is None else str(uuid.UUID(bytes=b)) for b in storage.to_pylist()], pa.string()
     )
@@ -73,7 +73,7 @@ def _rule(field: pa.Field) -> tuple[pa.DataType, Converter] | None:
         return TIMESTAMP, lambda a: a.cast(TIMESTAMP)
     if pa.types.is_decimal(t):
         return pa.float64(), lambda a: a.cast(pa.float64())
-    if isinstance(t, pa.ExtensionType):
+    if isinstance(t, pa.BaseExtensionType):
         name = t.extension_name
         if name == "arrow.uuid":
             return pa.string(), _uuid_text
