@@ -253,3 +253,29 @@ def test_an_owner_with_no_source_is_told_so_without_naming_any(tmp_path, setting
     with pytest.raises(AccessDenied) as denied:
         sql(only_hr, "SELECT 1", owner="bob")
     assert "hr" not in str(denied.value)
+
+
+def test_columns_declared_as_dates_arrive_as_datetimes(tmp_path):
+    db = tmp_path / "typed.sqlite"
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (d DATE, at DATETIME, ts TIMESTAMP, txt TEXT, n REAL)")
+        conn.execute(
+            "INSERT INTO t VALUES ('2025-02-03', '2025-02-03 04:05:06', '2025-02-03T04:05:06', "
+            "'2025-02-03', NULL), (NULL, NULL, NULL, NULL, 1.5)"
+        )
+        conn.commit()
+    settings = Settings(state_dir=tmp_path / "s", demo={"enabled": False},
+                        sources={"typed": SourceSettings(path=db)})  # fmt: skip
+    load_producers(settings)
+    frame = sql(settings, "SELECT d, at, ts, max(d) AS latest, txt, n FROM t GROUP BY rowid")
+    for column in ("d", "at", "ts", "latest"):
+        assert str(frame[column].dtype).startswith("datetime64"), column
+    assert frame["txt"].iloc[0] == "2025-02-03"  # declared TEXT stays text
+    assert frame["d"].dt.to_period("Q").astype(str).iloc[0] == "2025Q1"
+    assert frame["d"].isna().iloc[1] and frame["n"].isna().iloc[0]  # NULLs stay NULLs
+    with pytest.raises(InvalidRequest, match=r"declared as a date.*CAST\(d AS TEXT\)"):
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute("INSERT INTO t (d) VALUES ('not a date')")
+            conn.commit()
+        sql(settings, "SELECT d FROM t")
+    assert sql(settings, "SELECT CAST(d AS TEXT) AS d FROM t")["d"].tolist()[-1] == "not a date"

@@ -90,7 +90,12 @@ def _declared_schema(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
 def date_columns(sql: str, schema: dict[str, dict[str, str]]) -> set[str]:
     """Output columns of ``sql`` whose type is a declared DATE/DATETIME/TIMESTAMP."""
     try:
-        tree = qualify(sqlglot.parse_one(sql, dialect="sqlite"), schema=schema, dialect="sqlite")
+        tree = qualify(
+            sqlglot.parse_one(sql, dialect="sqlite"),
+            schema=schema,
+            dialect="sqlite",
+            validate_qualify_columns=False,  # rowid and friends are not in the schema
+        )
         tree = annotate_types(tree, schema=schema, dialect="sqlite")
     except Exception:  # sqlglot cannot follow this query: its columns keep SQLite's types
         return set()
@@ -184,8 +189,9 @@ def _stream(path: Path, sql: str, dates: set[str], out: Connection) -> None:
             out.send_bytes(SCHEMA)
             out.send_bytes(schema.serialize())
             for batch in reader:
+                payload = _as_dates(batch, dates).serialize()  # may refuse: before the tag
                 out.send_bytes(BATCH)
-                out.send_bytes(_as_dates(batch, dates).serialize())
+                out.send_bytes(payload)
             out.send_bytes(END)
     finally:
         conn.close()
