@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps serve serve-http test test-e2e test-fast bench lint doctor demo clean
+.PHONY: setup system-deps test-deps serve serve-http test test-e2e test-fast bench lint doctor demo clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -14,6 +14,13 @@ system-deps:
 	  echo "installing bubblewrap (the kernel sandbox)"; \
 	  $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y bubblewrap; }; }
+
+# PostgreSQL: the tests start a real server (initdb/pg_ctl in a temp dir) for the SQL sources.
+test-deps:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing postgresql (the tests' database server)"; \
+	  $(SUDO) apt-get install -y postgresql >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y postgresql; }; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +35,7 @@ serve: setup  ## the MCP server over stdio on the demo source (what MCP hosts la
 serve-http: setup  ## streamable HTTP on 127.0.0.1:8000/mcp; needs [auth] tokens in the config
 	$(VENV)/bin/dataref serve --http
 
-test: setup  ## the whole test suite
+test: setup test-deps  ## the whole test suite
 	$(PY) -m pytest -q
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
@@ -37,7 +44,7 @@ test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, Jupy
 	bash tests/e2e/setup.sh
 	$(PY) -m pytest -q tests/e2e
 
-bench: setup  ## benchmarks against the seed-style baseline and the naive pattern
+bench: setup test-deps  ## benchmarks against the seed-style baseline and the naive pattern
 	$(PY) -m tests.benchmarks
 
 demo: setup  ## the article's session through a real MCP client

@@ -117,7 +117,7 @@ class PgServer:
         """Rows of ``sql`` run through psql (unaligned, tab-separated, no headers)."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGCONNECT_TIMEOUT": "10"}
         done = subprocess.run(
-            ["psql", "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", "-F", "\t",
+            [str(pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", "-F", "\t",
              "-d", self.conninfo(user, password, db), "-c", sql],  # fmt: skip
             capture_output=True, text=True, env=env,  # fmt: skip
         )

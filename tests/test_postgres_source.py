@@ -309,3 +309,35 @@ def test_replay_reruns_the_query_as_whoever_replays_it(shop, tmp_path):
     finally:
         dr._state.clear()
     assert seen == {"alice": ["North"], "bob": ["North", "Online"]}
+
+
+def test_doctor_checks_each_source_and_that_the_login_reads_nothing(shop, tmp_path, capsys):
+    from dataref.cli import main
+
+    config = tmp_path / "dataref.toml"
+    config.write_text(
+        f'state_dir = "{tmp_path / "state"}"\n[kernels]\nwarm_spares = 0\n'
+        f'[sources.pg]\nurl = "{shop["server"].url(LOGIN, "shop")}"\n'
+        f'password_file = "{shop["password_file"]}"\n'
+        'roles = { alice = "analyst_alice", "*" = "analyst_bob" }\n'
+    )
+    assert main(["--config", str(config), "doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "source pg (postgres): reachable; login dataref_login reads no table itself" in out
+    assert LOGIN_PASSWORD not in out
+    shop["server"].psql(
+        "CREATE ROLE leaky LOGIN PASSWORD 'leaky-pw'; GRANT SELECT ON airlines TO leaky; "
+        "GRANT analyst_alice TO leaky",
+        db="shop",
+    )
+    (tmp_path / "leaky").write_text("leaky-pw")
+    leaky = pg_source(shop, url=shop["server"].url("leaky", "shop"),
+                      password_file=tmp_path / "leaky", roles={"*": "analyst_bob"})  # fmt: skip
+    lines: list[str] = []
+    from dataref.producers.health import check_sources
+
+    settings = Settings(state_dir=tmp_path / "s2", demo={"enabled": False}, sources={"pg": leaky})
+    assert not check_sources(settings, lines.append)
+    text = "\n".join(lines)
+    assert "can read 2 table(s) itself (e.g. public.airlines)" in text  # own + inherited
+    assert "cannot SET ROLE analyst_bob" in text and "leaky-pw" not in text
