@@ -79,8 +79,9 @@ class PgServer:
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
         os.chmod(self.root, 0o755)
-        self._run("initdb", "-D", str(self.root / "data"), "-U", SUPERUSER, "--pwfile",
-                  str(pwfile), "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8")  # fmt: skip
+        data, auth = str(self.root / "data"), "--auth=scram-sha-256"
+        self._run("initdb", "-D", data, "-U", SUPERUSER, "--pwfile", str(pwfile), auth,
+                  "-E", "UTF8", "--locale=C.UTF-8")  # fmt: skip
         pwfile.unlink()
         conf = self.root / "data" / "postgresql.conf"
         with conf.open("a") as f:
@@ -117,9 +118,23 @@ class PgServer:
         """Rows of ``sql`` run through psql (unaligned, tab-separated, no headers)."""
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PGCONNECT_TIMEOUT": "10"}
         done = subprocess.run(
-            [str(pg_bindir() / "psql"), "-X", "-q", "-v", "ON_ERROR_STOP=1", "-At", "-F", "\t",
-             "-d", self.conninfo(user, password, db), "-c", sql],  # fmt: skip
-            capture_output=True, text=True, env=env,  # fmt: skip
+            [
+                str(pg_bindir() / "psql"),
+                "-X",
+                "-q",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-At",
+                "-F",
+                "\t",
+                "-d",
+                self.conninfo(user, password, db),
+                "-c",
+                sql,
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
         )
         if done.returncode != 0:
             raise RuntimeError(f"psql failed: {done.stderr.strip()[-2000:]}")

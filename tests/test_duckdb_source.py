@@ -14,8 +14,8 @@ from fastmcp.exceptions import ToolError
 
 from dataref.app import create_app
 from dataref.config import Settings, SourceSettings
-from dataref.producers.demo import generate_sales
 from dataref.errors import InvalidRequest
+from dataref.producers.demo import generate_sales
 from dataref.producers.duckdb_source import run_duckdb
 
 from .conftest import make_settings
@@ -65,7 +65,9 @@ async def test_parquet_csv_and_json_files_are_tables_named_after_them(tmp_path, 
     assert joined["manager"].tolist() == ["Ann", "Cy", "Ben"]
     events = await fetch(settings, "SELECT kind, n FROM events ORDER BY n")
     assert events["kind"].tolist() == ["open", "close"]
-    by_path = await fetch(settings, f"SELECT count(*) AS n FROM read_parquet('{lake}/sales.parquet')")
+    by_path = await fetch(
+        settings, f"SELECT count(*) AS n FROM read_parquet('{lake}/sales.parquet')"
+    )
     assert by_path["n"].tolist() == [10_000]
 
 
@@ -110,7 +112,7 @@ REFUSED = {
 
 @pytest.mark.parametrize("query", REFUSED.values(), ids=REFUSED.keys())
 async def test_statements_that_leave_the_lake_are_refused(tmp_path, lake, query):
-    with pytest.raises(ToolError, match="fetch_sql runs one read-only SELECT.* - "):
+    with pytest.raises(ToolError, match=r"fetch_sql runs one read-only SELECT.* - "):
         await call(
             settings_for(tmp_path, lake), "fetch_sql", query=query.format(lake=lake), source="lake"
         )
@@ -127,7 +129,7 @@ async def test_statements_that_leave_the_lake_are_refused(tmp_path, lake, query)
 )  # fmt: skip
 def test_duckdb_refuses_them_too_without_the_text_check(lake, query):
     source = SourceSettings(kind="duckdb", path=lake)
-    with pytest.raises(InvalidRequest, match="refused|locked|disabled"):
+    with pytest.raises(InvalidRequest, match=r"refused|locked|disabled"):
         run_duckdb(source, query.format(lake=lake)).read_all()
     assert not (lake.parent / "copied.csv").exists() and not (lake.parent / "new.duckdb").exists()
 
@@ -135,7 +137,7 @@ def test_duckdb_refuses_them_too_without_the_text_check(lake, query):
 async def test_a_long_query_is_interrupted_at_the_timeout(tmp_path, lake):
     settings = settings_for(tmp_path, lake, timeout_seconds=0.5)
     forever = "SELECT count(*) FROM range(1000000000000) a"
-    with pytest.raises(ToolError, match="longer than 0.5s"):
+    with pytest.raises(ToolError, match=r"longer than 0\.5s"):
         await call(settings, "fetch_sql", query=forever, source="lake")
 
 

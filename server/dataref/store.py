@@ -231,7 +231,7 @@ class ArtifactStore:
         kind: str,
         media_type: str,
         suffix: str,
-        rows: int | None | Callable[[], int],
+        rows: int | Callable[[], int] | None,
         lineage: dict[str, Any],
         sensitive: bool,
         extra: dict[str, Any] | None = None,

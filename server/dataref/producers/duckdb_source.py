@@ -76,9 +76,7 @@ def open_lake(source: SourceSettings) -> duckdb.DuckDBPyConnection:
         conn.execute("SET temp_directory = ''")
         for name, path in table_files(root).items():
             reader = READERS[path.suffix.lower()]
-            conn.execute(
-                f'CREATE VIEW "{name}" AS SELECT * FROM {reader}({literal(str(path))})'
-            )
+            conn.execute(f'CREATE VIEW "{name}" AS SELECT * FROM {reader}({literal(str(path))})')
         conn.execute("SET enable_external_access = false")
         conn.execute("SET lock_configuration = true")
     except BaseException:
@@ -115,9 +113,7 @@ def run_duckdb(source: SourceSettings, sql: str) -> Batches:
         release()
         raise error from None
     target, convert = normalise(reader.schema)
-    return Batches(
-        target, capped(_read(reader, source, fired), convert, source.row_cap, release)
-    )
+    return Batches(target, capped(_read(reader, source, fired), convert, source.row_cap, release))
 
 
 def _read(

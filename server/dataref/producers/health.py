@@ -1,4 +1,4 @@
-"""``dataref doctor`` for SQL sources: each one reachable, and a PostgreSQL login that reads nothing.
+"""``dataref doctor`` for SQL sources: each reachable, and a PostgreSQL login that reads nothing.
 
 For PostgreSQL the login role must own no table privilege of its own (NOINHERIT, membership
 only), so that every row an owner gets is chosen by that owner's role. Doctor connects as

@@ -116,8 +116,7 @@ def translate(exc: Exception, source: SourceSettings) -> Exception:
         return InvalidRequest(f"{REWRITE}; the database refused a write ({message})")
     if state == "42501" or message.startswith(("permission denied", "must be superuser")):
         return InvalidRequest(
-            f"PostgreSQL refused: {message} - your database role is not allowed this; "
-            f"{SCHEMA_HINT}"
+            f"PostgreSQL refused: {message} - your database role is not allowed this; {SCHEMA_HINT}"
         )
     if not message:
         return DatarefError("the query failed on the source - try again, or simplify it")

@@ -95,13 +95,14 @@ def normalise(schema: pa.Schema) -> tuple[pa.Schema, Callable[[pa.RecordBatch], 
     check_names(schema)
     rules = [_rule(f) for f in schema]
     target = pa.schema(
-        [pa.field(f.name, r[0] if r else f.type, nullable=True) for f, r in zip(schema, rules)]
+        [
+            pa.field(f.name, r[0] if r else f.type, nullable=True)
+            for f, r in zip(schema, rules, strict=True)
+        ]
     )
 
     def convert(batch: pa.RecordBatch) -> pa.RecordBatch:
-        columns = [
-            r[1](col) if r else col for col, r in zip(batch.columns, rules, strict=True)
-        ]
+        columns = [r[1](col) if r else col for col, r in zip(batch.columns, rules, strict=True)]
         return pa.RecordBatch.from_arrays(columns, schema=target)
 
     return target, convert

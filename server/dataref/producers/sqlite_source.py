@@ -94,8 +94,7 @@ class _Stream:
     def _recv(self) -> bytes:
         if not self.receiver.poll(max(0.0, self.deadline - time.monotonic())):
             raise QueryTimeout(
-                f"query ran longer than {self.timeout:g}s - add a WHERE or LIMIT, or aggregate "
-                "less"
+                f"query ran longer than {self.timeout:g}s - add a WHERE or LIMIT, or aggregate less"
             )
         try:
             return self.receiver.recv_bytes()

@@ -82,7 +82,10 @@ def _declared_schema(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
         )
     ]
     return {
-        t: {row[1]: (row[2] or "TEXT") for row in conn.execute("SELECT * FROM pragma_table_info(?)", (t,))}
+        t: {
+            row[1]: (row[2] or "TEXT")
+            for row in conn.execute("SELECT * FROM pragma_table_info(?)", (t,))
+        }
         for t in tables
     }
 
@@ -181,8 +184,10 @@ def _stream(path: Path, sql: str, dates: set[str], out: Connection) -> None:
             reader = cursor.fetch_record_batch()
             schema = pa.schema(
                 [
-                    pa.field(f.name, TIMESTAMP if f.name in dates and pa.types.is_string(f.type)
-                             else f.type)  # fmt: skip
+                    pa.field(
+                        f.name,
+                        TIMESTAMP if f.name in dates and pa.types.is_string(f.type) else f.type,
+                    )
                     for f in reader.schema
                 ]
             )
