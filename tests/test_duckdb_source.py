@@ -15,7 +15,7 @@ from fastmcp.exceptions import ToolError
 from dataref.app import create_app
 from dataref.config import Settings, SourceSettings
 from dataref.errors import InvalidRequest
-from dataref.producers.demo import generate_sales
+from dataref.producers.demo import REGIONS, generate_sales
 from dataref.producers.duckdb_source import run_duckdb
 
 from .conftest import make_settings
@@ -149,3 +149,24 @@ async def test_list_sources_shows_the_files_as_tables_without_values(tmp_path, l
     assert source["tables"]["sales"]["rows"] == 10_000
     assert source["tables"]["sales"]["columns"]["date"] == "date"
     assert "Ann" not in json.dumps(listing)
+
+
+async def test_duckdb_and_polars_are_in_the_kernels_analysis_stack(tmp_path, lake):
+    settings = settings_for(tmp_path, lake)
+    async with Client(create_app(settings, "memory")) as client:
+        fetched = await client.call_tool(
+            "fetch_sql", {"query": "SELECT region, revenue FROM sales", "source": "lake"}
+        )
+        ran = await client.call_tool(
+            "run_python",
+            {
+                "code": "import duckdb, polars as pl\n"
+                "top = duckdb.sql('SELECT region, sum(revenue) AS r FROM sales GROUP BY 1 "
+                "ORDER BY 2 DESC').df()\n"
+                "result = {'top': top.region.iloc[0], 'rows': pl.from_pandas(sales).height}",
+                "inputs": {"sales": fetched.structured_content["dataRef"]},
+            },
+        )
+    out = ran.structured_content
+    assert out["ok"], out
+    assert out["result"]["rows"] == 10_000 and out["result"]["top"] in REGIONS

@@ -245,7 +245,7 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
 
     @tool(mcp, READ_ONLY)
     async def list_sources() -> dict[str, Any]:
-        """SQL sources you may query with fetch_sql: dialect, tables, columns, types, rows."""
+        """Your fetch_sql sources: dialect, tables, columns, types, row estimates."""
         from .producers.discovery import list_sources as discover
 
         return await asyncio.to_thread(discover, app.settings, app.owners.current())

@@ -73,8 +73,8 @@ def run_query(ctx: ProducerContext, name: str, source: SourceSettings, sql: str)
 
 @producer
 def fetch_sql(ctx: ProducerContext, query: str, source: str | None = None) -> Batches:
-    """Run one read-only SELECT (or WITH ... SELECT) on a source: SQLite, PostgreSQL or DuckDB.
-    list_sources shows your sources, their dialects and tables; source defaults to "demo".
+    """One read-only SELECT/WITH on a SQLite, PostgreSQL or DuckDB source, in its dialect.
+    list_sources shows your sources and tables; source defaults to "demo".
     Row cap and statement timeout apply; aggregate in SQL when you can."""
     name, settings = resolve_source(ctx, source)
     sql = check_select(query, DIALECTS[settings.kind or "sqlite"])
