@@ -341,3 +341,26 @@ def test_doctor_checks_each_source_and_that_the_login_reads_nothing(shop, tmp_pa
     text = "\n".join(lines)
     assert "can read 2 table(s) itself (e.g. public.airlines)" in text  # own + inherited
     assert "cannot SET ROLE analyst_bob" in text and "leaky-pw" not in text
+
+
+async def test_an_exported_notebooks_fetch_sql_cell_reruns_as_the_replayer(shop, tmp_path):
+    import dataref.replay as dr
+
+    alice = settings_for(tmp_path, "alice", pg=pg_source(shop))
+    async with Client(create_app(alice, "memory", kernels=False)) as client:
+        query = "SELECT DISTINCT region FROM sales ORDER BY 1"
+        await client.call_tool("fetch_sql", {"query": query, "source": "pg"})
+        exported = (await client.call_tool("export_notebook", {})).structured_content
+    cells = json.loads(Path(exported["path"]).read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    fetch_cell = next(c for c in code if "dr.fetch_sql(" in c)
+    assert "'pg'" in fetch_cell or '"pg"' in fetch_cell
+    namespace: dict = {}
+    try:
+        dr.configure(alice.model_copy(update={"owner": "bob"}))
+        for cell in code[: code.index(fetch_cell) + 1]:
+            exec(cell, namespace)
+    finally:
+        dr._state.clear()
+    frames = [v for v in namespace.values() if isinstance(v, pd.DataFrame)]
+    assert [f["region"].tolist() for f in frames] == [["North", "Online"]]  # bob's rows

@@ -31,6 +31,7 @@ from .rows import Batches, capped, normalise
 from .sqlcheck import REWRITE
 
 SCHEMA_HINT = "SELECT name, sql FROM sqlite_master"
+STARTUP_SECONDS = 120
 _lock = threading.Lock()
 _context: Any = None
 
@@ -75,6 +76,7 @@ def run_sqlite(
     sender.close()
     stream = _Stream(process, receiver, tmpdir, source.timeout_seconds)
     try:
+        stream.started()
         schema = stream.schema()
     except BaseException:
         stream.release()
@@ -90,6 +92,15 @@ class _Stream:
         self.process, self.receiver, self.tmpdir = process, receiver, tmpdir
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
+
+    def started(self) -> None:
+        """Wait for the child (the first one waits for the forkserver's imports), then the
+        statement timeout starts."""
+        if not self.receiver.poll(STARTUP_SECONDS):
+            raise DatarefError("the query process did not start - try again in a moment")
+        if self.receiver.recv_bytes() != sqlite_worker.READY:
+            raise DatarefError("the query process answered out of order - try again")
+        self.deadline = time.monotonic() + self.timeout
 
     def _recv(self) -> bytes:
         if not self.receiver.poll(max(0.0, self.deadline - time.monotonic())):

@@ -39,6 +39,7 @@ TIMESTAMP = pa.timestamp("us")
 
 # Message tags: each is followed by one payload message.
 SCHEMA, BATCH, ERROR, END = b"S", b"B", b"E", b"Z"
+READY = b"R"  # sent first, alone: the statement timeout starts from here
 
 
 class QueryError(Exception):
@@ -157,6 +158,7 @@ def adbc_message(exc: Exception) -> str:
 
 def serve(job: dict[str, Any], out: Connection) -> None:
     """Entry point of the child: run ``job`` and stream the result (or an error) to ``out``."""
+    out.send_bytes(READY)
     try:
         path = Path(job["path"])
         if job.get("regions") is not None:
