@@ -364,3 +364,10 @@ async def test_an_exported_notebooks_fetch_sql_cell_reruns_as_the_replayer(shop,
         dr._state.clear()
     frames = [v for v in namespace.values() if isinstance(v, pd.DataFrame)]
     assert [f["region"].tolist() for f in frames] == [["North", "Online"]]  # bob's rows
+
+
+async def test_a_keyword_conninfo_over_the_unix_socket_works_too(shop, tmp_path):
+    server = shop["server"]
+    url = f"host={server.socket_dir} port={server.port} dbname=shop user={LOGIN}"
+    frame = await fetch(settings_for(tmp_path, "bob", pg=pg_source(shop, url=url)), BY_REGION)
+    assert frame["region"].tolist() == ["North", "Online"]

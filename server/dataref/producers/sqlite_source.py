@@ -5,6 +5,10 @@ ADBC and sqlglot, so a query costs a fork, not an interpreter start. The server 
 batch at a time, enforces the row cap and the statement timeout, and on either (or when the
 store refuses the artifact) kills the child: a runaway statement never outlives its call.
 
+As with any multiprocessing code, a script that runs SQLite queries in-process (a replayed
+notebook run as ``python script.py``) must guard its entry point with
+``if __name__ == "__main__":``: the forkserver imports the parent's main module.
+
 Demo grants hold here too: an owner restricted to some regions queries a private copy
 holding only those rows, so no SQL trick can reach the others.
 """
