@@ -28,6 +28,7 @@ from .sqlcheck import REWRITE
 
 SCHEMA_HINT = "list_sources shows your tables; or SELECT * FROM information_schema.columns"
 ERROR_LINE = re.compile(r"ERROR:\s+(.*)")
+CONNECT_TIMEOUT = 10
 
 
 class QueryTimeout(LimitExceeded):
@@ -35,16 +36,20 @@ class QueryTimeout(LimitExceeded):
 
 
 def conninfo(source: SourceSettings) -> str:
-    """libpq's URL or keyword form of the source, with the password added (never logged)."""
+    """libpq's URL or keyword form of the source, with the password (never logged) and a
+    connect timeout added."""
     url = source.url or ""
+    extra = {} if "connect_timeout" in url else {"connect_timeout": str(CONNECT_TIMEOUT)}
     password = source.password()
-    if password is None:
-        return url
+    if password is not None:
+        extra["password"] = password
     if url.startswith(("postgresql://", "postgres://")):
-        sep = "&" if "?" in url else "?"
-        return f"{url}{sep}password={quote(password, safe='')}"
-    escaped = password.replace("\\", "\\\\").replace("'", "\\'")
-    return f"{url} password='{escaped}'"
+        query = "&".join(f"{k}={quote(v, safe='')}" for k, v in extra.items())
+        return f"{url}{'&' if '?' in url else '?'}{query}" if query else url
+    for key, value in extra.items():
+        escaped = value.replace("\\", "\\\\").replace("'", "\\'")
+        url += f" {key}='{escaped}'"
+    return url
 
 
 def quote_ident(name: str) -> str:

@@ -15,8 +15,6 @@ from . import ProducerContext, producer
 from .rows import Batches
 from .sqlcheck import check_select
 
-DIALECTS = {"sqlite": "sqlite", "postgres": "postgres", "duckdb": "duckdb"}
-
 
 class SourceUnavailable(AccessDenied, InvalidRequest):
     """Unknown source and source not granted: one class, one message, so they look alike."""
@@ -77,7 +75,7 @@ def fetch_sql(ctx: ProducerContext, query: str, source: str | None = None) -> Ba
     list_sources shows your sources and tables; source defaults to "demo".
     Row cap and statement timeout apply; aggregate in SQL when you can."""
     name, settings = resolve_source(ctx, source)
-    sql = check_select(query, DIALECTS[settings.kind or "sqlite"])
+    sql = check_select(query, settings.kind or "sqlite")
     if settings.sensitive:
         ctx.sensitive = True
     return run_query(ctx, name, settings, sql)
