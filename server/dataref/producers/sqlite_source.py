@@ -27,9 +27,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from .. import sqlite_worker
 from ..config import Settings, SourceSettings
 from ..errors import DatarefError, InvalidRequest, LimitExceeded
-from . import sqlite_worker
 from .demo import allowed_regions, prepare_demo
 from .rows import Batches, capped, normalise
 from .sqlcheck import REWRITE
@@ -49,7 +49,7 @@ def _forkserver() -> Any:
     with _lock:
         if _context is None:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["dataref.producers.sqlite_worker"])
+            context.set_forkserver_preload(["dataref.sqlite_worker", *sqlite_worker.PRELOAD])
             _context = context
         return _context
 

@@ -22,15 +22,18 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-import adbc_driver_sqlite.dbapi as adbc_sqlite
 import pyarrow as pa
-import sqlglot
-from sqlglot import exp
-from sqlglot.optimizer.annotate_types import annotate_types
-from sqlglot.optimizer.qualify import qualify
 
+# Imported by the forkserver before it forks (see producers/sqlite_source); the server itself
+# never needs them, so they are imported where used. This module lives outside
+# dataref.producers so that the forkserver does not import pandas for nothing.
+PRELOAD = (
+    "adbc_driver_sqlite.dbapi",
+    "sqlglot.optimizer.qualify",
+    "sqlglot.optimizer.annotate_types",
+)
 BATCH_ROWS = 65_536
-DATE_TYPES = {exp.DataType.Type.DATE, exp.DataType.Type.DATETIME, exp.DataType.Type.TIMESTAMP}
+DATE_TYPES = {"DATE", "DATETIME", "TIMESTAMP"}
 ALLOWED_ACTIONS = frozenset(
     {sqlite3.SQLITE_SELECT, sqlite3.SQLITE_READ, sqlite3.SQLITE_FUNCTION, sqlite3.SQLITE_RECURSIVE}
 )
@@ -93,6 +96,11 @@ def _declared_schema(conn: sqlite3.Connection) -> dict[str, dict[str, str]]:
 
 def date_columns(sql: str, schema: dict[str, dict[str, str]]) -> set[str]:
     """Output columns of ``sql`` whose type is a declared DATE/DATETIME/TIMESTAMP."""
+    import sqlglot
+    from sqlglot import exp
+    from sqlglot.optimizer.annotate_types import annotate_types
+    from sqlglot.optimizer.qualify import qualify
+
     try:
         tree = qualify(
             sqlglot.parse_one(sql, dialect="sqlite"),
@@ -104,7 +112,9 @@ def date_columns(sql: str, schema: dict[str, dict[str, str]]) -> set[str]:
     except Exception:  # sqlglot cannot follow this query: its columns keep SQLite's types
         return set()
     selects = tree.selects if isinstance(tree, exp.Query) else []
-    return {s.alias_or_name for s in selects if s.type is not None and s.type.this in DATE_TYPES}
+    return {
+        s.alias_or_name for s in selects if s.type is not None and s.type.this.name in DATE_TYPES
+    }
 
 
 def check_and_type(path: Path, sql: str) -> set[str]:
@@ -177,28 +187,38 @@ def serve(job: dict[str, Any], out: Connection) -> None:
 
 
 def _stream(path: Path, sql: str, dates: set[str], out: Connection) -> None:
-    conn = adbc_sqlite.connect(f"{path.resolve().as_uri()}?mode=ro")
+    # ADBC's low-level API: its DB-API layer would import polars and pandas in every child.
+    import adbc_driver_manager as adbc
+    import adbc_driver_sqlite
+
+    database = adbc_driver_sqlite.connect(f"{path.resolve().as_uri()}?mode=ro")
+    conn = adbc.AdbcConnection(database)
+    statement = adbc.AdbcStatement(conn)
     try:
-        with conn.cursor() as cursor:
-            cursor.execute("PRAGMA query_only = ON")
-            cursor.adbc_statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
-            cursor.execute(sql)
-            reader = cursor.fetch_record_batch()
-            schema = pa.schema(
-                [
-                    pa.field(
-                        f.name,
-                        TIMESTAMP if f.name in dates and pa.types.is_string(f.type) else f.type,
-                    )
-                    for f in reader.schema
-                ]
-            )
-            out.send_bytes(SCHEMA)
-            out.send_bytes(schema.serialize())
-            for batch in reader:
-                payload = _as_dates(batch, dates).serialize()  # may refuse: before the tag
-                out.send_bytes(BATCH)
-                out.send_bytes(payload)
-            out.send_bytes(END)
+        statement.set_sql_query("PRAGMA query_only = ON")
+        statement.execute_update()
+        statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
+        statement.set_sql_query(sql)
+        handle, _ = statement.execute_query()
+        reader = pa.RecordBatchReader._import_from_c(handle.address)
+        schema = pa.schema(
+            [
+                pa.field(
+                    f.name,
+                    TIMESTAMP if f.name in dates and pa.types.is_string(f.type) else f.type,
+                )
+                for f in reader.schema
+            ]
+        )
+        out.send_bytes(SCHEMA)
+        out.send_bytes(schema.serialize())
+        for batch in reader:
+            payload = _as_dates(batch, dates).serialize()  # may refuse: before the tag
+            out.send_bytes(BATCH)
+            out.send_bytes(payload)
+        out.send_bytes(END)
+        reader.close()
     finally:
+        statement.close()
         conn.close()
+        database.close()
