@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
+.PHONY: setup system-deps test-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
 
 setup: system-deps $(VENV)/.installed
 
@@ -14,6 +14,13 @@ system-deps:
 	  echo "installing bubblewrap (the kernel sandbox)"; \
 	  $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y bubblewrap; }; }
+
+# PostgreSQL: the tests start a real server (initdb/pg_ctl in a temp dir) for the SQL sources.
+test-deps:
+	@ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || { \
+	  echo "installing postgresql (the tests' database server)"; \
+	  $(SUDO) apt-get install -y postgresql >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y postgresql; }; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,7 +40,7 @@ serve-http: setup  ## streamable HTTP on 127.0.0.1:8000/mcp; needs [auth] tokens
 gateways: setup
 	bash tests/gateways/setup.sh
 
-test: setup gateways  ## the whole test suite
+test: setup test-deps gateways  ## the whole test suite
 	$(PY) -m pytest -q
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
@@ -42,7 +49,7 @@ test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, Jupy
 	bash tests/e2e/setup.sh
 	$(PY) -m pytest -q tests/e2e
 
-bench: setup gateways  ## benchmarks against the seed-style baseline and the naive pattern
+bench: setup test-deps gateways  ## benchmarks against the seed-style baseline and the naive pattern
 	$(PY) -m tests.benchmarks
 	$(PY) -m tests.benchmarks.gateways
 

@@ -15,6 +15,9 @@ import pytest
 
 from dataref.config import Settings, load_settings
 
+# A real PostgreSQL server (session scope) for the tests that ask for `pg_server`.
+pytest_plugins = ["tests.pg_server"]
+
 ROOT = Path(__file__).resolve().parents[1]
 DATAREF = str(Path(sys.executable).parent / "dataref")
 

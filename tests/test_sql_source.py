@@ -15,7 +15,8 @@ from dataref.config import Settings, SourceSettings
 from dataref.errors import AccessDenied, InvalidRequest, LimitExceeded
 from dataref.producers import ProducerContext, load_producers, registry
 from dataref.producers.demo import ensure_demo_database
-from dataref.producers.sql import check_select, open_source, run_select
+from dataref.producers.sqlcheck import check_select
+from dataref.producers.sqlite_source import run_sqlite
 
 REFUSED = {
     "insert": "INSERT INTO sales VALUES ('2025-01-01', 'x', 'North', 1, 1.0, 1.0)",
@@ -37,6 +38,7 @@ REFUSED = {
     "comment hides the start": "/* SELECT */ DELETE FROM sales",
     "with then delete": "WITH x AS (SELECT 1) DELETE FROM sales",
     "load_extension": "SELECT load_extension('/tmp/evil.so')",
+    "pragma function": "SELECT * FROM pragma_table_info('sales')",
     "transaction": "BEGIN; SELECT 1",
     "not a select": "EXPLAIN SELECT 1",
     "empty": "  -- nothing\n",
@@ -78,7 +80,13 @@ def settings(tmp_path, built_db) -> Settings:
 
 def sql(settings: Settings, query: str, owner: str = "bob", **arguments) -> pd.DataFrame:
     ctx = ProducerContext(owner=owner, settings=settings)
-    return registry.get("fetch_sql").run(ctx, {"query": query, **arguments})
+    return registry.get("fetch_sql").run(ctx, {"query": query, **arguments}).read_all().to_pandas()
+
+
+def unchecked(settings: Settings, query: str, source: str = "demo", owner: str = "bob"):
+    """Run ``query`` on a SQLite source without the text check: the connection's own layers."""
+    src = settings.all_sources()[source]
+    return run_sqlite(settings, source, src, owner, query).read_all()
 
 
 def test_a_select_on_the_demo_source_returns_what_sqlite_gives(settings):
@@ -86,7 +94,7 @@ def test_a_select_on_the_demo_source_returns_what_sqlite_gives(settings):
     assert list(frame.columns) == ["region", "n"]
     assert len(frame) == 6 and frame["n"].sum() == 48_210
     dates = sql(settings, "SELECT date FROM sales LIMIT 1")
-    assert dates["date"].iloc[0] == "2025-01-01"  # text stays text: no guessing
+    assert dates["date"].iloc[0] == "2025-01-01"  # declared TEXT stays text: no guessing
 
 
 def test_a_with_query_and_a_recursive_cte_are_allowed(settings):
@@ -130,17 +138,11 @@ def test_a_refusal_says_how_to_rewrite_the_query(settings):
         "ATTACH DATABASE ':memory:' AS x",
         "SELECT load_extension('/tmp/evil.so')",
         "CREATE TEMP TABLE t (x)",
-        "SELECT * FROM pragma_table_info('sales')",
     ],
 )
 def test_the_connection_refuses_writes_even_without_the_text_check(settings, query):
-    ctx = ProducerContext(owner="bob", settings=settings)
-    conn = open_source(ctx, "demo", settings.all_sources()["demo"])
-    try:
-        with pytest.raises(InvalidRequest):
-            run_select(conn, query, row_cap=10, timeout=5)
-    finally:
-        conn.close()
+    with pytest.raises(InvalidRequest):
+        unchecked(settings, query)
 
 
 def test_the_source_files_are_byte_identical_after_every_attempt(settings):
@@ -151,13 +153,10 @@ def test_the_source_files_are_byte_identical_after_every_attempt(settings):
         for owner in ("bob", "alice", "carol"):
             with pytest.raises(InvalidRequest):
                 sql(settings, query, owner=owner)
-    ctx = ProducerContext(owner="bob", settings=settings)
     for name in ("demo", "hr"):
-        conn = open_source(ctx, name, settings.all_sources()[name])
         for query in ("DELETE FROM sales", "DROP TABLE staff", "PRAGMA user_version = 7"):
             with pytest.raises(InvalidRequest):
-                run_select(conn, query, row_cap=10, timeout=5)
-        conn.close()
+                unchecked(settings, query, source=name)
     assert [file_hash(p) for p in files] == before
     assert sorted(p.name for p in settings.demo_db_path.parent.iterdir()) == ["sales.sqlite"]
 
@@ -189,9 +188,9 @@ def test_a_source_the_owner_is_not_granted_reads_like_an_unknown_one(settings):
 def test_a_sensitive_source_marks_the_call_sensitive(settings):
     ctx = ProducerContext(owner="carol", settings=settings)
     frame = registry.get("fetch_sql").run(ctx, {"query": "SELECT * FROM staff", "source": "hr"})
-    assert len(frame) == 2 and ctx.sensitive
+    assert frame.read_all().num_rows == 2 and ctx.sensitive
     plain = ProducerContext(owner="carol", settings=settings)
-    registry.get("fetch_sql").run(plain, {"query": "SELECT 1"})
+    registry.get("fetch_sql").run(plain, {"query": "SELECT 1"}).close()
     assert not plain.sensitive
 
 
@@ -254,3 +253,29 @@ def test_an_owner_with_no_source_is_told_so_without_naming_any(tmp_path, setting
     with pytest.raises(AccessDenied) as denied:
         sql(only_hr, "SELECT 1", owner="bob")
     assert "hr" not in str(denied.value)
+
+
+def test_columns_declared_as_dates_arrive_as_datetimes(tmp_path):
+    db = tmp_path / "typed.sqlite"
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (d DATE, at DATETIME, ts TIMESTAMP, txt TEXT, n REAL)")
+        conn.execute(
+            "INSERT INTO t VALUES ('2025-02-03', '2025-02-03 04:05:06', '2025-02-03T04:05:06', "
+            "'2025-02-03', NULL), (NULL, NULL, NULL, NULL, 1.5)"
+        )
+        conn.commit()
+    settings = Settings(state_dir=tmp_path / "s", demo={"enabled": False},
+                        sources={"typed": SourceSettings(path=db)})  # fmt: skip
+    load_producers(settings)
+    frame = sql(settings, "SELECT d, at, ts, max(d) AS latest, txt, n FROM t GROUP BY rowid")
+    for column in ("d", "at", "ts", "latest"):
+        assert str(frame[column].dtype).startswith("datetime64"), column
+    assert frame["txt"].iloc[0] == "2025-02-03"  # declared TEXT stays text
+    assert frame["d"].dt.to_period("Q").astype(str).iloc[0] == "2025Q1"
+    assert frame["d"].isna().iloc[1] and frame["n"].isna().iloc[0]  # NULLs stay NULLs
+    with pytest.raises(InvalidRequest, match=r"declared as a date.*CAST\(d AS TEXT\)"):
+        with closing(sqlite3.connect(db)) as conn:
+            conn.execute("INSERT INTO t (d) VALUES ('not a date')")
+            conn.commit()
+        sql(settings, "SELECT d FROM t")
+    assert sql(settings, "SELECT CAST(d AS TEXT) AS d FROM t")["d"].tolist()[-1] == "not a date"

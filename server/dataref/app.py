@@ -254,6 +254,13 @@ def register_core_tools(mcp: FastMCP, app: App) -> None:
         return await asyncio.to_thread(app.ws.drop_artifact, app.owners.current(), dataRef)
 
     @tool(mcp, READ_ONLY)
+    async def list_sources() -> dict[str, Any]:
+        """Your fetch_sql sources: dialect, tables, columns, types, row estimates."""
+        from .producers.discovery import list_sources as discover
+
+        return await asyncio.to_thread(discover, app.settings, app.owners.current())
+
+    @tool(mcp, READ_ONLY)
     async def list_artifacts() -> dict[str, Any]:
         """Your live artifacts: ref, rows, origin, created, expires."""
         return await asyncio.to_thread(app.ws.list_artifacts, app.owners.current())

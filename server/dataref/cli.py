@@ -23,7 +23,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
 
-    sub.add_parser("doctor", help="check whether the kernel sandbox works on this machine")
+    sub.add_parser("doctor", help="check the kernel sandbox and that every SQL source is reachable")
 
     export = sub.add_parser("export", help="write a notebook's data-free .ipynb")
     export.add_argument("notebook", help="notebook handle (nb_...), or 'default'")
@@ -180,7 +180,11 @@ def doctor(settings: Settings) -> int:
     for line in report.problems:
         print(f"  PROBLEM: {line}")
     print("sandbox works" if report.ok else "sandbox does NOT work here")
-    return 0 if report.ok else 1
+    from .producers.health import check_sources
+
+    print("sources:")
+    sources_ok = check_sources(settings)
+    return 0 if report.ok and sources_ok else 1
 
 
 def doctor_gateway(settings: Settings) -> int:

@@ -49,13 +49,15 @@ def _registry() -> Any:
 
 def fetch(producer_name: str, **arguments: Any) -> pd.DataFrame:
     """Run a producer as the current person; the frame as the session's kernel saw it."""
-    from .producers import ProducerContext
+    from .producers import Batches, ProducerContext
 
     settings, owner = _settings()
     producer = _registry().get(producer_name)
     arguments = producer.explicit(arguments)  # as the server records and runs them
-    frame = producer.run(ProducerContext(owner=owner, settings=settings), arguments)
-    return frame_to_table(frame).to_pandas()
+    result = producer.run(ProducerContext(owner=owner, settings=settings), arguments)
+    if isinstance(result, Batches):  # a SQL source: the same rows and types the store kept
+        return result.read_all().to_pandas()
+    return frame_to_table(result).to_pandas()
 
 
 def __getattr__(name: str) -> Callable[..., pd.DataFrame]:

@@ -20,7 +20,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,6 +155,40 @@ class ArtifactStore:
             sensitive=sensitive,
         )
 
+    def put_batches(
+        self,
+        owner: str,
+        schema: pa.Schema,
+        batches: Iterable[pa.RecordBatch],
+        *,
+        lineage: dict[str, Any],
+        sensitive: bool = False,
+    ) -> Artifact:
+        """Stream ``batches`` into one table artifact, refusing it as soon as it passes the cap.
+
+        Only one batch is held at a time; an oversized or failed stream leaves no file behind.
+        """
+        rows = 0
+
+        def write(f: Any) -> None:
+            nonlocal rows
+            with pa.ipc.new_file(f, schema) as writer:
+                for batch in batches:
+                    writer.write_batch(batch)
+                    rows += batch.num_rows
+                    self._check_cap(f.tell())
+
+        return self._commit(
+            owner,
+            write,
+            kind="table",
+            media_type="application/vnd.apache.arrow.file",
+            suffix=".arrow",
+            rows=lambda: rows,
+            lineage=lineage,
+            sensitive=sensitive,
+        )
+
     def put_bytes(
         self,
         owner: str,
@@ -197,7 +231,7 @@ class ArtifactStore:
         kind: str,
         media_type: str,
         suffix: str,
-        rows: int | None,
+        rows: int | Callable[[], int] | None,
         lineage: dict[str, Any],
         sensitive: bool,
         extra: dict[str, Any] | None = None,
@@ -216,7 +250,7 @@ class ArtifactStore:
                 kind=kind,
                 media_type=media_type,
                 path=final,
-                rows=rows,
+                rows=rows() if callable(rows) else rows,
                 bytes=size,
                 created=now,
                 expires=now + self.settings.ttl_seconds,

@@ -19,7 +19,7 @@ from .downloads import Downloads
 from .errors import ComputeError
 from .exposure import Exposure
 from .ledger import SQLiteLedger
-from .producers import ProducerContext, ProducerRegistry, load_producers
+from .producers import Batches, ProducerContext, ProducerRegistry, load_producers
 from .shown import Shown
 from .store import ArtifactStore, frame_to_table
 from .transcript import Transcripts, record_producer
@@ -93,16 +93,20 @@ class Workspace:
         arguments = producer.explicit(arguments)
         ctx = ProducerContext(owner=owner, settings=self.settings, guard=self.exposure.touch)
         started = time.perf_counter()
-        table = frame_to_table(producer.run(ctx, arguments))
+        result = producer.run(ctx, arguments)
         if ctx.source is None:  # a producer naming no source counts under its tool name
             ctx.use_source(name)
         lineage = {"tool": name, "args": arguments, "parents": [], "notebook": handle}
-        art = self.store.put_table(
-            owner,
-            table,
-            lineage={**lineage, "source": ctx.source},
-            sensitive=ctx.sensitive,
-        )
+        lineage["source"] = ctx.source
+        if isinstance(result, Batches):  # streamed: the store enforces its cap as it writes
+            with contextlib.closing(result):
+                art = self.store.put_batches(
+                    owner, result.schema, result, lineage=lineage, sensitive=ctx.sensitive
+                )
+            table = self.store.read_table(owner, art.ref)
+        else:
+            table = frame_to_table(result)
+            art = self.store.put_table(owner, table, lineage=lineage, sensitive=ctx.sensitive)
         elapsed = time.perf_counter() - started
         record_producer(
             self.transcripts,

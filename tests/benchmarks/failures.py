@@ -15,4 +15,6 @@ def errors(results: dict[str, Any]) -> list[str]:
     ]
     if (results.get("multi_owner") or {}).get("error"):
         found.append(f"8 owners over HTTP: {results['multi_owner']['error']}")
+    if (results.get("sql_sources") or {}).get("error"):
+        found.append(f"SQL sources: {results['sql_sources']['error']}")
     return found

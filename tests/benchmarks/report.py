@@ -88,6 +88,19 @@ def staging_rows(v: View) -> list[list[str]]:
     return rows
 
 
+def source_rows(v: View) -> list[list[str]]:
+    """fetch_sql of 1M × 10 per source, against the same query in-process with ADBC."""
+    rows = []
+    for name, label in (("pg", "PostgreSQL"), ("lite", "SQLite")):
+        d = v.get("sql_sources", name)
+        if not d:
+            continue
+        rows.append([f"fetch_sql 1M × 10 from {label}", *stat_cells(d["served_s"]), "", "",
+                     f"in-process ADBC to Arrow {ms(median(d['inproc_s']))}",
+                     times(ratio(median(d["served_s"]), median(d["inproc_s"])))])  # fmt: skip
+    return rows
+
+
 def compute_rows(v: View) -> list[list[str]]:
     first = v.srv("dataref", "5M", "session", "step_seconds", "qoq")
     if not first:
@@ -191,7 +204,7 @@ def owner_rows(v: View) -> list[list[str]]:
 
 def render_table(results: dict[str, Any]) -> str:
     v = View(results)
-    latency = call_rows(v) + session_rows(v) + staging_rows(v) + compute_rows(v)
+    latency = call_rows(v) + session_rows(v) + staging_rows(v) + source_rows(v) + compute_rows(v)
     head = ["", "dataref p50", "dataref p95", "seed-style p50", "seed-style p95", "floor / other",
             "ratio"]  # fmt: skip
     parts = ["### Latency (median / p95)", table(head, latency)]

@@ -20,6 +20,7 @@ from .diagnostics import server_side
 from .memory import PeakSampler, cpu_seconds, wait_workers_idle
 from .naive_server import rows_json_bytes
 from .rawkernel import raw_kernel_round_trips
+from .sources import sql_sources
 from .workloads import (
     SCALES,
     Scale,
@@ -191,6 +192,14 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         except Exception as exc:
             log(f"8 owners: FAILED: {exc}")
             multi = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    sources = None
+    if "dataref" in servers and not quick:
+        log("SQL sources: 1M x 10 from PostgreSQL and SQLite")
+        try:
+            sources = await sql_sources(work, cache, log)
+        except Exception as exc:
+            log(f"SQL sources: FAILED: {exc}")
+            sources = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     inproc = await asyncio.to_thread(in_process, scales)
     diagnostics = await asyncio.to_thread(server_side, work) if "dataref" in servers else {}
     return {
@@ -199,6 +208,7 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         "raw": raw,
         "servers": by_server,
         "multi_owner": multi,
+        "sql_sources": sources,
         "in_process": inproc,
         "diagnostics": diagnostics,
         "duration_s": time.perf_counter() - started,

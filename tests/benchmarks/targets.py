@@ -3,6 +3,7 @@ measured in the same run (nothing here is a canned excuse)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from .fmt import KB, View, median, ms, p95, ratio, size, times
@@ -197,6 +198,42 @@ def staging(v: View) -> Verdict:
     )
 
 
+def sql_source(name: str, label: str) -> Callable[[View], Verdict]:
+    """fetch_sql of 1M × 10 into an artifact vs the same query to Arrow in-process."""
+
+    def check(v: View) -> Verdict:
+        d = v.get("sql_sources", name) or {}
+        r = ratio(median(d.get("served_s")), median(d.get("inproc_s")))
+        return Verdict(
+            f"fetch_sql 1M × 10 from {label} ≤ 1.3× the same query to Arrow in-process "
+            "(same ADBC driver) (sources issue)",
+            f"{ms(median(d.get('served_s')))} through MCP into an artifact vs "
+            f"{ms(median(d.get('inproc_s')))} in-process: {times(r)}",
+            _at_most(r, 1.3),
+            "the MCP call, the text check and the store's write add more than 30% to the fetch",
+        )
+
+    return check
+
+
+def sql_source_memory(name: str, label: str) -> Callable[[View], Verdict]:
+    """The server's memory during the fetch against the result's Arrow size."""
+
+    def check(v: View) -> Verdict:
+        d = v.get("sql_sources", name) or {}
+        grown = max(d.get("memory_growth_bytes") or [0]) or None
+        r = ratio(grown, d.get("arrow_bytes"))
+        return Verdict(
+            f"server memory during a 1M × 10 {label} fetch ≤ 2× its Arrow size (sources issue)",
+            f"peak RSS growth {size(grown)} (server and its children) vs Arrow "
+            f"{size(d.get('arrow_bytes'))}: {times(r)}",
+            _at_most(r, 2.0),
+            "more than one copy of the result was held at once while it streamed",
+        )
+
+    return check
+
+
 def verdicts(v: View) -> list[Verdict]:
     checks = (
         per_call_vs_seed,
@@ -207,4 +244,10 @@ def verdicts(v: View) -> list[Verdict]:
         first_call,
         staging,
     )
-    return [check(v) for check in checks] + [concurrency(v)]
+    sources = (
+        sql_source("pg", "PostgreSQL"),
+        sql_source_memory("pg", "PostgreSQL"),
+        sql_source("lite", "SQLite"),
+        sql_source_memory("lite", "SQLite"),
+    )
+    return [check(v) for check in checks] + [concurrency(v)] + [check(v) for check in sources]

@@ -28,6 +28,7 @@ import pandas as pd
 
 from ..config import Settings
 from ..errors import DatarefError, InvalidRequest
+from .rows import Batches
 
 ENTRY_POINT_GROUP = "dataref.producers"
 
@@ -75,8 +76,11 @@ class Producer:
             )
         }
 
-    def run(self, ctx: ProducerContext, arguments: dict[str, Any]) -> pd.DataFrame:
-        """Call the producer; a wrong return type is a bug of the producer, not the agent."""
+    def run(self, ctx: ProducerContext, arguments: dict[str, Any]) -> pd.DataFrame | Batches:
+        """Call the producer; a wrong return type is a bug of the producer, not the agent.
+
+        A producer returns a DataFrame, or ``Batches`` that the store writes as they stream.
+        """
         known = {p.name for p in self.parameters}
         unknown = sorted(set(arguments) - known)
         if unknown:
@@ -86,7 +90,7 @@ class Producer:
         if self.sensitive:
             ctx.sensitive = True
         frame = self.func(ctx, **arguments)
-        if not isinstance(frame, pd.DataFrame):
+        if not isinstance(frame, pd.DataFrame | Batches):
             raise TypeError(
                 f"producer {self.name} returned {type(frame).__name__}, not a DataFrame"
             )
