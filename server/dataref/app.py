@@ -188,8 +188,10 @@ def producer_tool(app: App, producer: Producer) -> FunctionTool:
 
     async def call(**arguments: Any) -> dict[str, Any]:
         notebook = arguments.pop("notebook", None)
-        owner = app.owners.current()
-        return await asyncio.to_thread(app.ws.produce, owner, producer.name, arguments, notebook)
+        owner, ws = app.owners.current(), app.ws
+        handle = await asyncio.to_thread(ws.transcripts.resolve, owner, notebook)
+        async with ws.notebook_lock(handle):  # cells in call order, whichever server answers
+            return await asyncio.to_thread(ws.produce, owner, producer.name, arguments, handle)
 
     params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in producer.parameters]
     params.append(

@@ -17,7 +17,7 @@ import keyword
 import re
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -121,8 +121,20 @@ async def run_python(
             + (ws.kernel_problem or "kernels are not running")
             + " (ask the operator; fetch, describe, chart and export still work)"
         )
-    kernel = await ws.pool.kernel(owner, handle)
-    sensitive = any(ref_sensitive.values())
+    async with ws.notebook_lock(handle):  # one call at a time per notebook, on any server
+        kernel = await ws.pool.kernel(owner, handle)
+        call = CellCall(owner, handle, "", code, inputs, any(ref_sensitive.values()), 0.0)
+        return await _execute(ws, kernel, call, timeout, on_progress)
+
+
+async def _execute(
+    ws: Workspace,
+    kernel: Any,
+    call: CellCall,
+    timeout: float,
+    on_progress: ProgressCallback | None,
+) -> dict[str, Any]:
+    owner, inputs = call.owner, call.inputs
     async with kernel.lock:  # one call at a time per notebook, recorded in the same order
         cell_id = f"cell{time.time_ns():x}"
         await kernel.stage(ws.store, owner, sorted(set(inputs.values())))
@@ -131,10 +143,10 @@ async def run_python(
         )
         started = time.perf_counter()
         execution = await kernel.execute(
-            header + "\n" + code, timeout_s=timeout, on_progress=on_progress
+            header + "\n" + call.code, timeout_s=timeout, on_progress=on_progress
         )
         elapsed = time.perf_counter() - started
-        call = CellCall(owner, handle, cell_id, code, inputs, sensitive, elapsed)
+        call = replace(call, cell_id=cell_id, elapsed_s=elapsed)
         return await asyncio.to_thread(_finish, ws, kernel, execution, call)
 
 
@@ -323,7 +335,8 @@ def trim_traceback(error: dict[str, Any]) -> str:
 
 async def reset_kernel(ws: Workspace, owner: str, notebook: str | None) -> dict[str, Any]:
     handle = ws.transcripts.resolve(owner, notebook)
-    if ws.pool is not None:
-        await ws.pool.reset(owner, handle)
-    record_reset(ws.transcripts, owner, handle)
+    async with ws.notebook_lock(handle):
+        if ws.pool is not None:
+            await ws.pool.reset(owner, handle)
+        await asyncio.to_thread(record_reset, ws.transcripts, owner, handle)
     return {"ok": True, "notebook": handle, "note": "variables cleared; artifacts kept"}

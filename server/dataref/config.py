@@ -46,6 +46,33 @@ class StoreSettings(Section):
     sweep_interval_seconds: int = Field(
         60, ge=1, description="How often expired artifacts and downloads are deleted."
     )
+    blobs: str | None = Field(
+        None,
+        description="Where artifact and export bytes live: unset = the state dir; "
+        "'file:///shared/dir' (a directory every replica mounts) or 's3://bucket/prefix'.",
+    )
+    s3_endpoint: str | None = Field(
+        None, description="S3 API endpoint URL (unset: AWS; credentials from AWS_* env vars)."
+    )
+    s3_region: str | None = Field(None, description="S3 region (unset: AWS_REGION or default).")
+    s3_access_key: str | None = Field(
+        None, description="S3 access key (unset: AWS_ACCESS_KEY_ID / instance role)."
+    )
+    s3_secret_key: str | None = Field(
+        None, description="S3 secret key (unset: AWS_SECRET_ACCESS_KEY / instance role)."
+    )
+
+
+class StateSettings(Section):
+    url: str | None = Field(
+        None,
+        description="PostgreSQL URL (postgresql://...) of the shared state for replicas; "
+        "unset: SQLite files under state_dir (one machine).",
+    )
+    pool_size: int = Field(20, ge=2, description="PostgreSQL connections per server process.")
+    lock_timeout_seconds: float = Field(
+        900, gt=0, description="How long a call waits for the call before it on its notebook."
+    )
 
 
 class DescribeSettings(Section):
@@ -300,6 +327,7 @@ class Settings(BaseSettings):
         None, description="Owner over stdio; defaults to the local user name."
     )
     store: StoreSettings = Field(default_factory=StoreSettings)
+    state: StateSettings = Field(default_factory=StateSettings)
     describe: DescribeSettings = Field(default_factory=DescribeSettings)
     compute: ComputeSettings = Field(default_factory=ComputeSettings)
     kernels: KernelSettings = Field(default_factory=KernelSettings)

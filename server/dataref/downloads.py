@@ -1,7 +1,9 @@
 """Download links: unguessable tokens that map to one owner's file or chart, until they expire.
 
-The index is a small SQLite table under ``state_dir/exports`` next to the export files, which
-live in one directory per owner (named by a hash, so owner names never become paths). A link
+The index is a table of the state database (a small SQLite file under ``state_dir/exports``
+by default, PostgreSQL for replicas); export files live in the export blob store (that
+directory by default, a shared one or S3 for replicas), one folder per owner (named by a
+hash, so owner names never become paths). A link
 is either an export file written here, or a chart artifact read through the store at download
 time (so the store's owner and TTL checks apply again). The HTTP route checks the bearer token
 itself: custom routes are not behind the MCP auth layer.
@@ -13,33 +15,20 @@ import contextlib
 import hashlib
 import os
 import secrets
-import sqlite3
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import NotFound
 from .files import part_name
+from .state import sqlite_db
+from .state.blobs import BlobStore, FileBlobs
+from .state.db import Database
 
 TOKEN_BYTES = 24  # 192 random bits in every URL
 # Module-level so tests can move time forward (monkeypatch downloads.clock).
 clock = time.time
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS links (
-    token      TEXT PRIMARY KEY,
-    owner      TEXT NOT NULL,
-    kind       TEXT NOT NULL,   -- 'export' (a file here) | 'chart' (a chartRef in the store)
-    target     TEXT NOT NULL,   -- file name in the owner's dir, or the chartRef
-    media_type TEXT NOT NULL,
-    filename   TEXT NOT NULL,   -- the name the person's browser saves it as
-    created    REAL NOT NULL,
-    expires    REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS links_expires ON links(expires);
-"""
-
 
 class LinkExpired(NotFound):
     """The owner's own link, past its time: worth a different answer than 'unknown'."""
@@ -62,25 +51,25 @@ def unknown_link() -> NotFound:
 
 
 class Downloads:
-    """The link index. Connections are per call: cheap, and nothing to close at shutdown."""
+    """The link index and the export files. ``db``/``blobs`` default to SQLite and files
+    under ``root`` (one machine)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(
+        self, root: Path, *, db: Database | None = None, blobs: BlobStore | None = None
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
-        with self._db() as db:
-            db.executescript(_SCHEMA)
+        self._own_db = db is None
+        self._db = db or sqlite_db(self.root / "links.sqlite", "links")
+        self.blobs = blobs or FileBlobs(self.root)
 
-    @contextlib.contextmanager
-    def _db(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.root / "links.sqlite", timeout=10)
-        try:
-            with db:
-                yield db
-        finally:
-            db.close()
+    def close(self) -> None:
+        if self._own_db:
+            self._db.close()
 
     def owner_dir(self, owner: str) -> Path:
+        """Where this owner's export files are written before they are put in place."""
         path = self.root / self._digest(owner)
         path.mkdir(mode=0o700, exist_ok=True)
         return path
@@ -99,9 +88,10 @@ class Downloads:
             created=now,
             expires=now + ttl,
         )
-        with self._db() as db:
-            db.execute(
-                "INSERT INTO links VALUES (?,?,?,?,?,?,?,?)",
+        with self._db.tx(write=True) as cur:
+            cur.execute(
+                "INSERT INTO links (token, owner, kind, target, media_type, filename, created, "
+                "expires) VALUES (?,?,?,?,?,?,?,?)",
                 (
                     link.token,
                     link.owner,
@@ -140,7 +130,7 @@ class Downloads:
                 filename=filename,
                 ttl=ttl,
             )
-            os.replace(part, directory / name)
+            self.blobs.put(f"{self._digest(owner)}/{name}", part)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
@@ -148,9 +138,11 @@ class Downloads:
 
     def lookup(self, token: str, owner: str) -> Link:
         """The owner's live link; another owner's link is as unknown as a made-up one."""
-        with self._db() as db:
-            row = db.execute(
-                "SELECT * FROM links WHERE token = ? AND owner = ?", (token, owner)
+        with self._db.tx() as cur:
+            row = cur.execute(
+                "SELECT token, owner, kind, target, media_type, filename, created, expires "
+                "FROM links WHERE token = ? AND owner = ?",
+                (token, owner),
             ).fetchone()
         if row is None:
             raise unknown_link()
@@ -161,39 +153,38 @@ class Downloads:
 
     def file_of(self, link: Link) -> Path:
         """The export file of a link, which must still exist inside the owner's directory."""
-        path = self.owner_dir(link.owner) / link.target
-        if link.kind != "export" or path.name != link.target or not path.is_file():
+        if link.kind != "export" or "/" in link.target or link.target in ("", ".", ".."):
+            raise unknown_link()
+        try:
+            path = self.blobs.local_path(f"{self._digest(link.owner)}/{link.target}")
+        except FileNotFoundError:
+            raise unknown_link() from None
+        if not path.is_file():
             raise unknown_link()
         return path
 
     def sweep(self, grace: float) -> int:
         """Delete expired links and their files, and stray files older than ``grace``."""
         now = clock()
-        with self._db() as db:
-            expired = db.execute(
+        with self._db.tx(write=True) as cur:
+            expired = cur.execute(
                 "SELECT owner, kind, target FROM links WHERE expires <= ?", (now,)
             ).fetchall()
-            db.execute("DELETE FROM links WHERE expires <= ?", (now,))
+            cur.execute("DELETE FROM links WHERE expires <= ?", (now,))
             live = {
-                (self._digest(o), t)
-                for o, t in db.execute("SELECT owner, target FROM links WHERE kind = 'export'")
+                f"{self._digest(o)}/{t}"
+                for o, t in cur.execute(
+                    "SELECT owner, target FROM links WHERE kind = 'export'"
+                ).fetchall()
             }
         for owner, kind, target in expired:
             if kind == "export":
-                with contextlib.suppress(FileNotFoundError):
-                    (self.owner_dir(owner) / target).unlink()
-        self._remove_strays(live, now - grace)
+                self.blobs.delete(f"{self._digest(owner)}/{target}")
+        # Files no live link names (a crash between write and index): old enough, delete.
+        for key in self.blobs.keys_older_than("", grace):
+            if "/" in key and key not in live:
+                self.blobs.delete(key)
         return len(expired)
-
-    def _remove_strays(self, live: set[tuple[str, str]], older_than: float) -> None:
-        """Files no live link names (a crash between write and index): old enough, delete."""
-        for sub in self.root.iterdir():
-            if not sub.is_dir():
-                continue
-            for path in sub.iterdir():
-                with contextlib.suppress(FileNotFoundError):
-                    if (sub.name, path.name) not in live and path.stat().st_mtime < older_than:
-                        path.unlink()
 
     @staticmethod
     def _digest(owner: str) -> str:

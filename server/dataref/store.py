@@ -1,9 +1,11 @@
 """ArtifactStore: the single owner of artifact bytes and metadata.
 
 Tables are Arrow IPC files (memory-mappable, so kernels read them without copying); charts
-are PNG files. Metadata lives in SQLite. A write is visible only once its metadata row is
-committed, and the row is committed only after the file is complete and renamed into place,
-so a crash mid-write leaves at most an orphan file that the next open deletes.
+are PNG files. Metadata lives in the state database (SQLite by default, PostgreSQL for
+replicas; see ``state``) and bytes in a blob store (the state dir, a shared directory or S3).
+A write is visible only once its metadata row is committed, and the row is committed only
+after the file is complete and in place, so a crash mid-write leaves at most an orphan file,
+which the next open (one machine) or the leader's sweep (shared state) deletes.
 
 Every read names an owner. A ref that is missing, expired or owned by someone else raises
 the same ``NotFound``: a foreign ref is indistinguishable from one that never existed.
@@ -17,8 +19,6 @@ import json
 import os
 import re
 import secrets
-import sqlite3
-import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -30,30 +30,18 @@ import pyarrow as pa
 
 from .config import StoreSettings
 from .errors import InvalidRequest, LimitExceeded, human_bytes, unknown_ref
-from .files import fsync_dir, part_name, remove_stale_parts, storage_error
+from .files import part_name, remove_stale_parts, storage_error
+from .state import sqlite_db
+from .state.blobs import BlobStore, FileBlobs
+from .state.db import Cursor, Database
 
 REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
 # What a ref we minted looks like; anything else is unknown without asking the database
 # (which also keeps lone surrogates and NUL bytes away from SQLite).
 REF_PATTERN = re.compile(r"(data|chart)_[A-Za-z0-9_-]{16,64}")
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS artifacts (
-    ref        TEXT PRIMARY KEY,
-    owner      TEXT NOT NULL,
-    kind       TEXT NOT NULL,
-    media_type TEXT NOT NULL,
-    file       TEXT NOT NULL,
-    rows       INTEGER,
-    bytes      INTEGER NOT NULL,
-    created    REAL NOT NULL,
-    expires    REAL NOT NULL,
-    sensitive  INTEGER NOT NULL,
-    lineage    TEXT NOT NULL,
-    extra      TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS artifacts_owner ON artifacts(owner, expires);
-"""
+# Shared blobs may be mid-commit on another replica: only orphans older than this go.
+SHARED_ORPHAN_GRACE_S = 3600.0
 
 
 def new_ref(prefix: str = "data") -> str:
@@ -66,7 +54,7 @@ class Artifact:
     owner: str
     kind: str  # "table" | "chart"
     media_type: str
-    path: Path
+    file: str  # the blob's key
     rows: int | None
     bytes: int
     created: float
@@ -74,6 +62,15 @@ class Artifact:
     sensitive: bool
     lineage: dict[str, Any]
     extra: dict[str, Any] = field(default_factory=dict)
+    blobs: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def path(self) -> Path:
+        """A local file with the bytes (on S3: the replica's cached copy, fetched once)."""
+        try:
+            return self.blobs.local_path(self.file)
+        except FileNotFoundError:
+            raise unknown_ref(self.ref) from None
 
     def summary(self) -> dict[str, Any]:
         """The compact listing entry (list_artifacts)."""
@@ -104,27 +101,37 @@ def frame_to_table(frame: pd.DataFrame) -> pa.Table:
 
 
 class ArtifactStore:
+    """``db``/``blob_store`` default to SQLite and a directory under ``root`` (one machine)."""
+
     def __init__(
-        self, root: Path, settings: StoreSettings, clock: Callable[[], float] = time.time
+        self,
+        root: Path,
+        settings: StoreSettings,
+        clock: Callable[[], float] = time.time,
+        *,
+        db: Database | None = None,
+        blob_store: BlobStore | None = None,
+        shared: bool = False,
     ) -> None:
         self.root = Path(root)
         self.settings = settings
         self.clock = clock
-        self.blobs = self.root / "blobs"
         self.tmp = self.root / "tmp"
-        for d in (self.root, self.blobs, self.tmp):
+        for d in (self.root, self.tmp):
             d.mkdir(parents=True, exist_ok=True)
         # Only the server reads the store; kernels see hard links in their own inputs dir.
         os.chmod(self.root, 0o700)
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.root / "meta.sqlite", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute("PRAGMA synchronous=FULL")
-        self._db.executescript(_SCHEMA)
-        self._remove_orphans()
+        self.blob_store = blob_store or FileBlobs(self.root / "blobs")
+        self.blobs = getattr(self.blob_store, "root", self.root / "blobs")
+        self._own_db = db is None
+        self._db = db or sqlite_db(self.root / "meta.sqlite", "artifacts")
+        self.shared = shared
+        remove_stale_parts(self.tmp)
+        if not shared:
+            self.remove_orphans()  # shared: the leader's sweep does it, with a grace period
 
     def close(self) -> None:
-        with self._lock:
+        if self._own_db:
             self._db.close()
 
     # -- writing ---------------------------------------------------------------
@@ -242,14 +249,13 @@ class ArtifactStore:
         try:
             size = self._write_file(part, write)
             self._check_cap(size)
-            final = self.blobs / f"{ref}{suffix}"
             now = self.clock()
             art = Artifact(
                 ref=ref,
                 owner=owner,
                 kind=kind,
                 media_type=media_type,
-                path=final,
+                file=f"{ref}{suffix}",
                 rows=rows() if callable(rows) else rows,
                 bytes=size,
                 created=now,
@@ -257,15 +263,15 @@ class ArtifactStore:
                 sensitive=sensitive,
                 lineage=lineage,
                 extra=extra or {},
+                blobs=self.blob_store,
             )
-            with self._lock, self._db:
-                # The write lock is taken before the rename, so another server opening this
-                # store (its orphan sweep takes the same lock) never sees the file without its row.
-                self._db.execute("BEGIN IMMEDIATE")
-                self._check_quota(owner, size)
-                os.replace(part, final)
-                self._insert(art)
-            fsync_dir(self.blobs)
+            # The owner's quota lock (the write lock on SQLite) is taken before the blob is put
+            # in place, so the check and the insert are one step for every replica, and an
+            # orphan sweep on another server never sees the file without its row.
+            with self._db.tx(write=True, lock=f"dataref:quota:{owner}") as cur:
+                self._check_quota(cur, owner, size)
+                self.blob_store.put(art.file, part)
+                self._insert(cur, art)
             return art
         except OSError as exc:
             raise storage_error(exc) from exc
@@ -282,8 +288,8 @@ class ArtifactStore:
         os.chmod(part, 0o644)
         return part.stat().st_size
 
-    def _check_quota(self, owner: str, size: int) -> None:
-        (used,) = self._db.execute(
+    def _check_quota(self, cur: Cursor, owner: str, size: int) -> None:
+        (used,) = cur.execute(
             "SELECT COALESCE(SUM(bytes), 0) FROM artifacts WHERE owner = ? AND expires > ?",
             (owner, self.clock()),
         ).fetchone()
@@ -295,15 +301,16 @@ class ArtifactStore:
                 "no longer need"
             )
 
-    def _insert(self, art: Artifact) -> None:
-        self._db.execute(
-            "INSERT INTO artifacts VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+    def _insert(self, cur: Cursor, art: Artifact) -> None:
+        cur.execute(
+            "INSERT INTO artifacts (ref, owner, kind, media_type, file, rows, bytes, created, "
+            "expires, sensitive, lineage, extra) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
             (
                 art.ref,
                 art.owner,
                 art.kind,
                 art.media_type,
-                art.path.name,
+                art.file,
                 art.rows,
                 art.bytes,
                 art.created,
@@ -320,15 +327,15 @@ class ArtifactStore:
         """The live artifact ``ref`` of ``owner``; anything else is the one NotFound."""
         if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref):
             raise unknown_ref(ascii(ref)[1:-1] if isinstance(ref, str) else str(ref))
-        with self._lock:
-            row = self._db.execute(
-                "SELECT * FROM artifacts WHERE ref = ? AND owner = ? AND expires > ?",
+        with self._db.tx() as cur:
+            row = cur.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE ref = ? AND owner = ? AND expires > ?",
                 (ref, owner, self.clock()),
             ).fetchone()
         if row is None or (kind is not None and row[2] != kind):
             raise unknown_ref(ref)
         art = self._row_to_artifact(row)
-        if not art.path.is_file():
+        if isinstance(self.blob_store, FileBlobs) and not self.blob_store.exists(art.file):
             raise unknown_ref(ref)
         return art
 
@@ -361,9 +368,10 @@ class ArtifactStore:
         return dest
 
     def list(self, owner: str) -> list[Artifact]:
-        with self._lock:
-            rows = self._db.execute(
-                "SELECT * FROM artifacts WHERE owner = ? AND expires > ? ORDER BY created",
+        with self._db.tx() as cur:
+            rows = cur.execute(
+                f"SELECT {_COLUMNS} FROM artifacts WHERE owner = ? AND expires > ? "
+                "ORDER BY created",
                 (owner, self.clock()),
             ).fetchall()
         return [self._row_to_artifact(r) for r in rows]
@@ -372,26 +380,25 @@ class ArtifactStore:
         """Whose live artifact ``ref`` is: for audit events only, never for a client."""
         if not isinstance(ref, str) or not REF_PATTERN.fullmatch(ref):
             return None
-        with self._lock:
-            row = self._db.execute(
+        with self._db.tx() as cur:
+            row = cur.execute(
                 "SELECT owner FROM artifacts WHERE ref = ? AND expires > ?", (ref, self.clock())
             ).fetchone()
         return row[0] if row else None
 
     def total_bytes(self) -> int:
         """Bytes of every live artifact and chart, all owners (the metrics gauge)."""
-        with self._lock:
-            (total,) = self._db.execute(
+        with self._db.tx() as cur:
+            (total,) = cur.execute(
                 "SELECT COALESCE(SUM(bytes), 0) FROM artifacts WHERE expires > ?", (self.clock(),)
             ).fetchone()
         return int(total)
 
     def drop(self, owner: str, ref: str) -> Artifact:
         art = self.get(owner, ref)
-        with self._lock, self._db:
-            self._db.execute("DELETE FROM artifacts WHERE ref = ?", (art.ref,))
-        with contextlib.suppress(FileNotFoundError):
-            art.path.unlink()
+        with self._db.tx(write=True) as cur:
+            cur.execute("DELETE FROM artifacts WHERE ref = ?", (art.ref,))
+        self.blob_store.delete(art.file)
         return art
 
     def _row_to_artifact(self, row: tuple[Any, ...]) -> Artifact:
@@ -400,7 +407,7 @@ class ArtifactStore:
             owner=row[1],
             kind=row[2],
             media_type=row[3],
-            path=self.blobs / row[4],
+            file=row[4],
             rows=row[5],
             bytes=row[6],
             created=row[7],
@@ -408,29 +415,41 @@ class ArtifactStore:
             sensitive=bool(row[9]),
             lineage=json.loads(row[10]),
             extra=json.loads(row[11]),
+            blobs=self.blob_store,
         )
 
     # -- upkeep ----------------------------------------------------------------
 
     def sweep(self) -> int:
         """Delete expired artifacts (row first, so a reader never sees a row without a file)."""
-        with self._lock, self._db:
-            expired = self._db.execute(
+        with self._db.tx(write=True) as cur:
+            expired = cur.execute(
                 "SELECT ref, file FROM artifacts WHERE expires <= ?", (self.clock(),)
             ).fetchall()
-            self._db.executemany("DELETE FROM artifacts WHERE ref = ?", [(r,) for r, _ in expired])
+            for ref, _ in expired:
+                cur.execute("DELETE FROM artifacts WHERE ref = ?", (ref,))
         for _, name in expired:
-            with contextlib.suppress(FileNotFoundError):
-                (self.blobs / name).unlink()
+            self.blob_store.delete(name)
+        if self.shared:
+            self.remove_orphans(older_than=SHARED_ORPHAN_GRACE_S)
         return len(expired)
 
-    def _remove_orphans(self) -> None:
-        """Files without a committed row are writes a crash interrupted: never visible, delete."""
-        remove_stale_parts(self.tmp)
-        with self._lock, self._db:
-            self._db.execute("BEGIN IMMEDIATE")  # no other server commits while we look
-            known = {name for (name,) in self._db.execute("SELECT file FROM artifacts")}
-            for blob in self.blobs.iterdir():
-                if blob.name not in known:
-                    with contextlib.suppress(FileNotFoundError):
-                        blob.unlink()
+    def remove_orphans(self, older_than: float = 0.0) -> int:
+        """Blobs without a committed row are writes a crash interrupted: never visible, delete.
+
+        On one machine the write lock held while listing excludes every commit in flight; on
+        shared state a commit may be between its upload and its row, so only old ones go."""
+        with self._db.tx(write=True) as cur:
+            candidates = self.blob_store.keys_older_than("", older_than)
+            if not candidates:
+                return 0
+            known = {name for (name,) in cur.execute("SELECT file FROM artifacts").fetchall()}
+            orphans = [key for key in candidates if key not in known]
+            for key in orphans:
+                self.blob_store.delete(key)
+        return len(orphans)
+
+
+_COLUMNS = (
+    "ref, owner, kind, media_type, file, rows, bytes, created, expires, sensitive, lineage, extra"
+)

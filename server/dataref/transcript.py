@@ -1,8 +1,9 @@
 """Notebook handles and their transcripts: every call becomes a cell of an nbformat notebook.
 
 A notebook handle (``nb_<random>``) is owner-scoped like a dataRef: one kernel plus one
-transcript. Each transcript is an nbformat v4 file, rewritten atomically after every call,
-so it survives a restart and keeps growing afterwards.
+transcript. Each transcript is an nbformat v4 document, rewritten atomically after every call
+(a file by default, a row of the shared state on PostgreSQL: ``state.notebook_docs``), so it
+survives a restart and keeps growing afterwards, whichever replica records the next call.
 
 A cell's metadata (``metadata.dataref``) is the record of its call: the tool, its arguments
 or code, the dataRefs it read and made, its status and timing; never rows, samples or
@@ -14,12 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import os
 import re
 import secrets
-import sqlite3
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -30,7 +28,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 
 from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
-from .files import remove_stale_parts, write_atomic
+from .files import remove_stale_parts
+from .state import sqlite_db
+from .state.db import Cursor, Database
+from .state.notebook_docs import docs_for
 
 HANDLE_BYTES = 16
 _HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
@@ -46,34 +47,25 @@ def unknown_notebook(handle: str) -> NotFound:
 
 
 class Transcripts:
-    """Owns notebook handles (SQLite) and their notebook files."""
+    """Owns notebook handles (the state database) and their notebook documents.
 
-    def __init__(self, root: Path) -> None:
+    ``kernel`` names what this process's kernels are (see ``append``); by default a fresh
+    value per instance: a new server process has new kernels."""
+
+    def __init__(self, root: Path, *, db: Database | None = None, kernel: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
         remove_stale_parts(self.root)  # rewrites a crash interrupted: never visible
-        self._lock = threading.RLock()
-        self._db = sqlite3.connect(self.root / "notebooks.sqlite", check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(
-            """CREATE TABLE IF NOT EXISTS notebooks (
-                   handle TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL,
-                   is_default INTEGER NOT NULL DEFAULT 0);
-               CREATE UNIQUE INDEX IF NOT EXISTS one_default
-                   ON notebooks(owner) WHERE is_default = 1;"""
-        )
-        # Notebooks this process has written to: the first call after a restart gets a note,
-        # because the server's kernels (and their variables) did not survive it.
-        self._touched: set[str] = set()
-        # handle -> (file identity when we last wrote or read it, the notebook): saves parsing
-        # the whole file on every call; another process writing it changes the identity.
-        self._cache: dict[str, tuple[tuple[int, int], nbformat.NotebookNode]] = {}
+        self._own_db = db is None
+        self._db = db or sqlite_db(self.root / "notebooks.sqlite", "notebooks")
+        self.docs = docs_for(self.root, self._db)
+        self.kernel = kernel or f"server:{secrets.token_hex(8)}"
         # Called with a handle after each write (the page's live feed listens here).
         self.listeners: list[Callable[[str], None]] = []
 
     def close(self) -> None:
-        with self._lock:
+        if self._own_db:
             self._db.close()
 
     # -- handles ---------------------------------------------------------------
@@ -87,8 +79,8 @@ class Transcripts:
             return self.new(owner)
         if not isinstance(handle, str) or not _HANDLE.fullmatch(handle):
             raise unknown_notebook(repr(handle)[1:-1])  # not even shaped like a handle
-        with self._lock:
-            row = self._db.execute(
+        with self._db.tx() as cur:
+            row = cur.execute(
                 "SELECT 1 FROM notebooks WHERE handle = ? AND owner = ?", (handle, owner)
             ).fetchone()
         if row is None:
@@ -97,35 +89,44 @@ class Transcripts:
 
     def default(self, owner: str, *, create: bool = True) -> str:
         """The owner's default notebook, created on first use (or NotFound if not ``create``)."""
-        with self._lock, self._db:
-            row = self._db.execute(
-                "SELECT handle FROM notebooks WHERE owner = ? AND is_default = 1", (owner,)
-            ).fetchone()
+        query = "SELECT handle FROM notebooks WHERE owner = ? AND is_default = 1"
+        with self._db.tx() as cur:
+            row = cur.execute(query, (owner,)).fetchone()
+        if row:
+            return row[0]
+        if not create:
+            raise NotFound(f"{owner!r} has no default notebook yet - no call was recorded")
+        # Two servers may get here at once: the owner's lock makes the second find the first's.
+        with self._db.tx(write=True, lock=f"dataref:default:{owner}") as cur:
+            row = cur.execute(query, (owner,)).fetchone()
             if row:
                 return row[0]
-            if not create:
-                raise NotFound(f"{owner!r} has no default notebook yet - no call was recorded")
-            return self._create(owner, is_default=True)
+            handle = self._create(cur, owner, is_default=True)
+        self._notify(handle)
+        return handle
 
     def new(self, owner: str) -> str:
-        with self._lock, self._db:
-            return self._create(owner, is_default=False)
+        with self._db.tx(write=True) as cur:
+            handle = self._create(cur, owner, is_default=False)
+        self._notify(handle)
+        return handle
 
-    def _create(self, owner: str, *, is_default: bool) -> str:
+    def _create(self, cur: Cursor, owner: str, *, is_default: bool) -> str:
         handle = f"nb_{secrets.token_urlsafe(HANDLE_BYTES)}"
-        self._db.execute(
-            "INSERT INTO notebooks VALUES (?,?,?,?)", (handle, owner, time.time(), int(is_default))
+        cur.execute(
+            "INSERT INTO notebooks (handle, owner, created, is_default, kernel) "
+            "VALUES (?,?,?,?,?)",
+            (handle, owner, time.time(), int(is_default), self.kernel),
         )
         nb = new_notebook(metadata=_notebook_metadata(handle))
         nb.cells.append(new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}}))
         nb.cells.append(new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}}))
-        self._write(handle, nb)
-        self._touched.add(handle)
+        self.docs.create(cur, handle, nb)
         return handle
 
     def handles(self, owner: str) -> list[str]:
-        with self._lock:
-            rows = self._db.execute(
+        with self._db.tx() as cur:
+            rows = cur.execute(
                 "SELECT handle FROM notebooks WHERE owner = ? ORDER BY created", (owner,)
             ).fetchall()
         return [r[0] for r in rows]
@@ -134,55 +135,32 @@ class Transcripts:
 
     def read(self, owner: str, handle: str) -> nbformat.NotebookNode:
         """A copy of the stored notebook (callers may change it freely)."""
-        with self._lock:
-            return copy.deepcopy(self._load(owner, handle))
-
-    def _load(self, owner: str, handle: str) -> nbformat.NotebookNode:
         self.resolve(owner, handle)
-        path = self._path(handle)
-        identity = _identity(path)
-        cached = self._cache.get(handle)
-        if cached is not None and cached[0] == identity:
-            return cached[1]
-        nb = nbformat.read(path, as_version=4)
-        self._cache[handle] = (identity, nb)
-        return nb
+        return copy.deepcopy(self.docs.read(handle))
 
     def append(self, owner: str, handle: str, *cells: nbformat.NotebookNode) -> int:
-        """Append cells, re-derive every code source, persist; returns the notebook's length."""
-        with self._lock:
-            nb = self._load(owner, handle)  # changed in place; _write drops it on failure
-            if handle not in self._touched:
-                self._touched.add(handle)
-                if any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
-                    nb.cells.append(_restart_note())
+        """Append cells, re-derive every code source, persist; returns the notebook's length.
+
+        The notebook's variables live in one kernel; when the last call was recorded by
+        another kernel context (a restarted server, or a replica with kernels of its own),
+        a note says the variables were cleared there."""
+        self.resolve(owner, handle)
+        with self.docs.edit(handle, self.kernel) as (nb, other_kernel):
+            if other_kernel and any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
+                nb.cells.append(_restart_note())
             nb.cells.extend(cells)
             refresh_sources(nb)
-            self._write(handle, nb)
-            return len(nb.cells)
+            length = len(nb.cells)
+        self._notify(handle)  # once it is stored
+        return length
 
     def _path(self, handle: str) -> Path:
         return self.root / f"{handle}.ipynb"
 
-    def _write(self, handle: str, nb: nbformat.NotebookNode) -> None:
-        """Atomic rewrite: a crash leaves the previous complete notebook."""
-        path = self._path(handle)
-        try:
-            # Compact JSON (the C encoder) and no re-validation of the whole notebook on every
-            # call: cells are built only with nbformat's constructors, and exports validate.
-            write_atomic(path, json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n")
-            self._cache[handle] = (_identity(path), nb)
-        except BaseException:
-            self._cache.pop(handle, None)  # the file still holds the previous notebook
-            raise
+    def _notify(self, handle: str) -> None:
         for listener in list(self.listeners):
             with contextlib.suppress(Exception):  # a listener never fails a call
                 listener(handle)
-
-
-def _identity(path: Path) -> tuple[int, int]:
-    info = path.stat()
-    return info.st_mtime_ns, info.st_size
 
 
 INTRO = """\
@@ -324,7 +302,10 @@ def record_chart(
 
 
 def _restart_note() -> nbformat.NotebookNode:
-    text = "*The server restarted here: the kernel's variables were cleared, artifacts kept.*"
+    text = (
+        "*The server restarted here (or another server without this kernel answered): the "
+        "kernel's variables were cleared, artifacts kept.*"
+    )
     return new_markdown_cell(text, metadata={"dataref": _record("restart")})
 
 

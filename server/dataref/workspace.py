@@ -21,6 +21,7 @@ from .exposure import Exposure
 from .ledger import SQLiteLedger
 from .producers import Batches, ProducerContext, ProducerRegistry, load_producers
 from .shown import Shown
+from .state import open_state
 from .store import ArtifactStore, frame_to_table
 from .transcript import Transcripts, record_producer
 
@@ -29,9 +30,18 @@ class Workspace:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         settings.state_dir.mkdir(parents=True, exist_ok=True)
-        self.store = ArtifactStore(settings.state_dir / "store", settings.store)
-        self.transcripts = Transcripts(settings.state_dir / "notebooks")
-        self.downloads = Downloads(settings.state_dir / "exports")
+        self.state = state = open_state(settings)
+        self.store = ArtifactStore(
+            settings.state_dir / "store",
+            settings.store,
+            db=state.artifacts_db,
+            blob_store=state.artifact_blobs,
+            shared=state.shared,
+        )
+        self.transcripts = Transcripts(settings.state_dir / "notebooks", db=state.notebooks_db)
+        self.downloads = Downloads(
+            settings.state_dir / "exports", db=state.links_db, blobs=state.export_blobs
+        )
         self.shown = Shown(settings.state_dir / "page")  # what calls showed, for the page
         self.ledger = SQLiteLedger(settings.state_dir / "ledger")
         self.exposure = Exposure(settings, self.ledger, self.store)
@@ -41,7 +51,8 @@ class Workspace:
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, *, kernels: bool = True) -> None:
-        self.store.sweep()
+        if await self.is_leader():
+            await asyncio.to_thread(self.store.sweep)
         self._sweeper = asyncio.create_task(self._sweep_forever())
         if kernels:
             from .kernels import KernelPool
@@ -66,17 +77,28 @@ class Workspace:
             if self.pool is not None:
                 await self.pool.close()
         finally:
-            self.store.close()
-            self.transcripts.close()
             self.ledger.close()
+            self.state.close()
 
     async def _sweep_forever(self) -> None:
         while True:
             await asyncio.sleep(self.settings.store.sweep_interval_seconds)
+            if not await self.is_leader():
+                continue  # one server sweeps at a time; another takes over if the leader dies
             with contextlib.suppress(Exception):  # a failed sweep must not stop the next one
                 await asyncio.to_thread(self.store.sweep)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.sweep_exports)
+
+    async def is_leader(self) -> bool:
+        try:
+            return await asyncio.to_thread(self.state.leadership.is_leader)
+        except Exception:  # the state is unreachable: someone else sweeps, or nobody can
+            return False
+
+    def notebook_lock(self, handle: str) -> contextlib.AbstractAsyncContextManager[None]:
+        """One call at a time per notebook, across every server sharing the state."""
+        return self.state.notebook_locks.hold(f"notebook:{handle}")
 
     def sweep_exports(self) -> int:
         """Expired exports and download links go; returns how many links expired."""

@@ -1,0 +1,197 @@
+"""Locks that hold across server processes: one call at a time per notebook, one leader.
+
+Two kinds, one per engine, both released by the operating system when their holder dies:
+
+- ``FileLocks`` (SQLite, one machine): ``flock`` on a file per key under ``state_dir/locks``.
+  The lock belongs to an open file, so a killed worker's locks go with its file descriptors.
+- ``PgLocks`` (PostgreSQL, any number of machines): session-level advisory locks, each on a
+  connection held for as long as the lock; a replica that dies closes its connections and
+  PostgreSQL releases its locks.
+
+Waiting is a poll of a non-blocking try (20 ms to 200 ms apart) so a waiting call holds no
+thread; within one process an asyncio lock per key keeps waiting calls in arrival order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import os
+import weakref
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..errors import ComputeError
+
+
+class LockTimeout(ComputeError):
+    """Another call held the lock for longer than we were willing to wait."""
+
+
+class Held(Protocol):
+    def release(self) -> None: ...
+
+
+class Locks(Protocol):
+    def try_acquire(self, key: str) -> Held | None: ...
+
+
+class _FileHeld:
+    def __init__(self, fd: int) -> None:
+        self.fd: int | None = fd
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the descriptor drops the flock
+            self.fd = None
+
+
+class FileLocks:
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+
+    def try_acquire(self, key: str) -> _FileHeld | None:
+        name = hashlib.sha256(key.encode()).hexdigest()[:32] + ".lock"
+        fd = os.open(self.root / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        return _FileHeld(fd)
+
+
+class _PgHeld:
+    def __init__(self, pool: Any, conn: Any, key: str, *, own: bool) -> None:
+        self.pool, self.conn, self.key, self.own = pool, conn, key, own
+
+    def release(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self.key,))
+        except Exception:
+            conn.close()  # a broken connection: closing it releases the lock server-side
+        _give_back(self.pool, conn, own=self.own)
+
+
+class PgLocks:
+    """Advisory locks on connections from the state's pool (or, for ``dedicated``, one of
+    their own, so a long-held lock such as leadership never starves the pool)."""
+
+    def __init__(self, pool: Any, url: str) -> None:
+        self.pool, self.url = pool, url
+
+    def try_acquire(self, key: str, *, dedicated: bool = False) -> _PgHeld | None:
+        import psycopg
+
+        conn = psycopg.connect(self.url, autocommit=True) if dedicated else self.pool.getconn()
+        try:
+            conn.autocommit = True
+            (got,) = conn.execute(
+                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
+            ).fetchone()
+        except BaseException:
+            _give_back(self.pool, conn, own=dedicated)
+            raise
+        if not got:
+            _give_back(self.pool, conn, own=dedicated)
+            return None
+        return _PgHeld(self.pool, conn, key, own=dedicated)
+
+
+def _give_back(pool: Any, conn: Any, *, own: bool) -> None:
+    if own:
+        conn.close()
+        return
+    if not conn.closed:
+        conn.autocommit = False
+    pool.putconn(conn)  # the pool discards a broken connection
+
+
+class NotebookLocks:
+    """``async with locks.hold(key)``: one holder across every process sharing the state."""
+
+    def __init__(self, locks: Locks, *, timeout: float) -> None:
+        self.locks = locks
+        self.timeout = timeout
+        self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = (
+            weakref.WeakValueDictionary()
+        )
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        local = self._local.get(key)
+        if local is None:
+            local = self._local[key] = asyncio.Lock()
+        async with local:  # this process's calls queue here, in arrival order
+            held = await self._acquire(key)
+            try:
+                yield
+            finally:
+                await asyncio.to_thread(held.release)
+
+    async def _acquire(self, key: str) -> Held:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        delay = 0.02
+        while True:
+            held = await asyncio.to_thread(self.locks.try_acquire, key)
+            if held is not None:
+                return held
+            if loop.time() >= deadline:
+                raise LockTimeout(
+                    "another call on this notebook is still running - wait for it to finish, "
+                    'or use notebook="new" to work in parallel'
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 1.5, 0.2)
+
+
+class Leadership:
+    """Whether this process is the one that sweeps (TTL, strays) right now.
+
+    The first process to take the leader lock keeps it until it dies; the others ask again
+    on every round, so one of them takes over within a round of the leader's death.
+    """
+
+    KEY = "dataref:leader"
+
+    def __init__(self, locks: Any) -> None:
+        self.locks = locks
+        self._held: Any = None
+
+    def is_leader(self) -> bool:
+        if self._held is not None and not self._alive():
+            self._held = None
+        if self._held is None:
+            if isinstance(self.locks, PgLocks):
+                self._held = self.locks.try_acquire(self.KEY, dedicated=True)
+            else:
+                self._held = self.locks.try_acquire(self.KEY)
+        return self._held is not None
+
+    def _alive(self) -> bool:
+        conn = getattr(self._held, "conn", None)
+        if conn is None:
+            return isinstance(self._held, _FileHeld) and self._held.fd is not None
+        try:
+            conn.execute("SELECT 1")
+        except Exception:
+            with contextlib.suppress(Exception):
+                conn.close()
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._held is not None:
+            self._held.release()
+            self._held = None
