@@ -1,0 +1,279 @@
+"""The state seam on both engines: SQLite files and a real PostgreSQL server.
+
+Several "servers" here are several State objects or several OS processes sharing one state:
+what a replica commits another sees, quotas hold across them, one call at a time holds a
+notebook, one leader sweeps, and a process killed while holding a lock loses it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from nbformat.v4 import new_code_cell
+
+from dataref.config import load_settings
+from dataref.downloads import Downloads
+from dataref.errors import LimitExceeded, NotFound
+from dataref.state import open_state
+from dataref.state.migrations import STEPS
+from dataref.store import ArtifactStore
+from dataref.transcript import Transcripts
+
+pytest_plugins = ["tests.pg_state_server"]
+
+FRAME = pd.DataFrame({"x": range(1000), "y": [1.5] * 1000})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def state_url(engine, request) -> str | None:
+    return request.getfixturevalue("pg_url") if engine == "postgresql" else None
+
+
+def settings_for(state_dir: Path, url: str | None, blobs: str | None = None, **store):
+    return load_settings(
+        state_dir=state_dir, state={"url": url, "pool_size": 4}, store={"blobs": blobs, **store}
+    )
+
+
+class Replica:
+    """What a server process holds of the state: the seam and the three indexes on it."""
+
+    def __init__(self, settings) -> None:
+        self.state = state = open_state(settings)
+        root = settings.state_dir
+        self.store = ArtifactStore(
+            root / "store",
+            settings.store,
+            db=state.artifacts_db,
+            blob_store=state.artifact_blobs,
+            shared=state.shared,
+        )
+        self.transcripts = Transcripts(root / "notebooks", db=state.notebooks_db)
+        self.downloads = Downloads(root / "exports", db=state.links_db, blobs=state.export_blobs)
+
+    def close(self) -> None:
+        self.state.close()
+
+
+def two_replicas(tmp_path: Path, url: str | None, blobs: str | None = None):
+    # SQLite is one machine: both share the state dir. PostgreSQL: each has its own.
+    first = tmp_path / "a"
+    second = first if url is None else tmp_path / "b"
+    if blobs is None and url is not None:
+        blobs = (tmp_path / "shared").as_uri()
+    return Replica(settings_for(first, url, blobs)), Replica(settings_for(second, url, blobs))
+
+
+def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
+    a, b = two_replicas(tmp_path, state_url)
+    try:
+        rows = set()
+        for db in a.state.databases():  # three SQLite files, or one PostgreSQL database
+            with db.tx() as cur:
+                rows |= {tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()}
+        expected = {("artifacts", 1), ("notebooks", 1), ("notebooks", 2), ("links", 1)}
+        assert rows == expected
+        assert len(STEPS["notebooks"]) == 2
+        a.state.ping()
+    finally:
+        a.close()
+        b.close()
+
+
+def test_what_one_replica_commits_the_other_reads(tmp_path, state_url):
+    a, b = two_replicas(tmp_path, state_url)
+    try:
+        art = a.store.put_frame("alice", FRAME, lineage={"tool": "t"})
+        assert b.store.read_frame("alice", art.ref).equals(FRAME)
+        assert [x.ref for x in b.store.list("alice")] == [art.ref]
+        with pytest.raises(NotFound):
+            b.store.get("bob", art.ref)  # a foreign ref is a missing one, on every replica
+        handle = a.transcripts.default("alice")
+        assert b.transcripts.default("alice") == handle
+        a.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": {"tool": "x", "ref": "r"}}))
+        b.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": {"tool": "y", "ref": "r"}}))
+        tools = [c.metadata["dataref"].get("tool") for c in a.transcripts.read("alice", handle).cells]
+        # b has other kernels than a: a note says the variables were cleared there
+        assert tools == [None, None, "x", "restart", "y"]
+        link = a.downloads.publish(
+            "alice", name="e.csv", media_type="text/csv", filename="e.csv", ttl=60,
+            write=lambda p: p.write_text("x\n1\n"),
+        )  # fmt: skip
+        found = b.downloads.lookup(link.token, "alice")
+        assert b.downloads.file_of(found).read_text() == "x\n1\n"
+        with pytest.raises(NotFound):
+            b.downloads.lookup(link.token, "bob")
+        dropped = b.store.drop("alice", art.ref)
+        assert dropped.ref == art.ref
+        with pytest.raises(NotFound):
+            a.store.get("alice", art.ref)
+    finally:
+        a.close()
+        b.close()
+
+
+# -- across processes ----------------------------------------------------------------------
+
+
+def _put_one(state_dir: str, url: str | None, blobs: str | None, quota: int, queue) -> None:
+    replica = Replica(settings_for(Path(state_dir), url, blobs, owner_quota_bytes=quota))
+    try:
+        replica.store.put_frame("alice", FRAME, lineage={})
+        queue.put("stored")
+    except LimitExceeded:
+        queue.put("refused")
+    finally:
+        replica.close()
+
+
+def _processes(target, args_list):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, queue)) for args in args_list]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=120) for _ in procs]
+    for p in procs:
+        p.join(60)
+    return results
+
+
+def test_the_owner_quota_holds_across_processes_writing_at_once(tmp_path, state_url):
+    probe = Replica(settings_for(tmp_path / "probe", None))
+    size = probe.store.put_frame("p", FRAME, lineage={}).bytes
+    probe.close()
+    blobs = (tmp_path / "shared").as_uri()
+    args = [
+        (str(tmp_path / (f"r{i}" if state_url else "one")), state_url, blobs, int(size * 3.5))
+        for i in range(6)
+    ]
+    results = _processes(_put_one, args)
+    assert sorted(results) == ["refused"] * 3 + ["stored"] * 3
+
+
+def _append_many(state_dir: str, url: str | None, handle: str, who: str, queue) -> None:
+    replica = Replica(settings_for(Path(state_dir), url, None))
+    try:
+        for i in range(15):
+            rec = {"tool": "fetch_x", "ref": f"{who}-{i}"}
+            replica.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": rec}))
+        queue.put("done")
+    finally:
+        replica.close()
+
+
+def test_appends_from_several_processes_keep_every_cell_in_each_ones_order(tmp_path, state_url):
+    main = Replica(settings_for(tmp_path / "main", state_url, None))
+    handle = main.transcripts.default("alice")
+    dirs = [str(tmp_path / ("main" if state_url is None else f"r{i}")) for i in range(4)]
+    assert _processes(_append_many, [(d, state_url, handle, f"w{i}") for i, d in enumerate(dirs)])
+    cells = main.transcripts.read("alice", handle).cells
+    refs = [c.metadata["dataref"]["ref"] for c in cells if c.metadata["dataref"].get("ref")]
+    assert len(refs) == 60
+    for i in range(4):
+        mine = [r for r in refs if r.startswith(f"w{i}-")]
+        assert mine == [f"w{i}-{n}" for n in range(15)]
+    main.close()
+
+
+def _hold_lock_then_die(state_dir: str, url: str | None, queue) -> None:
+    import asyncio
+
+    replica = Replica(settings_for(Path(state_dir), url, None))
+
+    async def hold() -> None:
+        async with replica.state.notebook_locks.hold("notebook:nb_x"):
+            assert replica.state.leadership.is_leader()
+            queue.put("holding")
+            await asyncio.sleep(600)
+
+    asyncio.run(hold())
+
+
+async def test_a_lock_admits_one_holder_and_dies_with_a_killed_holder(tmp_path, state_url):
+    import asyncio
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_hold_lock_then_die, args=(str(tmp_path / "a"), state_url, queue))
+    child.start()
+    assert await asyncio.to_thread(queue.get, True, 120) == "holding"
+    other = Replica(settings_for(tmp_path / ("a" if state_url is None else "b"), state_url, None))
+    try:
+        locks = other.state.notebook_locks
+        assert locks.locks.try_acquire("notebook:nb_x") is None  # held by the child
+        assert not other.state.leadership.is_leader()  # the child leads
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(30)
+        started = time.monotonic()
+        async with locks.hold("notebook:nb_x"):
+            waited = time.monotonic() - started
+        assert waited < 10
+        assert other.state.leadership.is_leader()  # took over from the dead leader
+    finally:
+        other.close()
+
+
+async def test_calls_on_one_notebook_wait_their_turn_in_one_process(tmp_path, state_url):
+    import asyncio
+
+    replica = Replica(settings_for(tmp_path / "a", state_url, None))
+    order: list[str] = []
+
+    async def call(name: str) -> None:
+        async with replica.state.notebook_locks.hold("notebook:nb_y"):
+            order.append(f"{name}+")
+            await asyncio.sleep(0.05)
+            order.append(f"{name}-")
+
+    try:
+        await asyncio.gather(*(call(n) for n in "abcd"))
+        assert order == ["a+", "a-", "b+", "b-", "c+", "c-", "d+", "d-"]
+    finally:
+        replica.close()
+
+
+def test_the_default_notebook_is_made_once_when_replicas_race(tmp_path, state_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    replicas = [
+        Replica(settings_for(tmp_path / ("one" if state_url is None else f"r{i}"), state_url, None))
+        for i in range(4)
+    ]
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            handles = list(pool.map(lambda r: r.transcripts.default("carol"), replicas * 2))
+        assert len(set(handles)) == 1
+    finally:
+        for r in replicas:
+            r.close()
+
+
+def test_shared_blobs_orphans_go_only_after_their_grace(tmp_path, pg_url):
+    a, b = two_replicas(tmp_path, pg_url)
+    try:
+        orphan = a.store.blob_store.root / "data_orphan.arrow"
+        orphan.write_bytes(b"a write another replica has not committed yet")
+        a.store.sweep()
+        assert orphan.exists()  # young: may be a commit in flight elsewhere
+        old = time.time() - 7200
+        os.utime(orphan, (old, old))
+        live = a.store.put_frame("alice", FRAME, lineage={})
+        os.utime(a.store.blob_store.root / live.file, (old, old))
+        b.store.sweep()
+        assert not orphan.exists()
+        assert a.store.read_frame("alice", live.ref).equals(FRAME)
+    finally:
+        a.close()
+        b.close()
