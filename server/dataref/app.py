@@ -180,6 +180,10 @@ def create_app(
 
         mount(mcp, settings, lambda: app.ws)
     register_operations_routes(mcp, app)
+    if transport == "http":
+        from .health import register_health_routes
+
+        register_health_routes(mcp, app)
     return mcp
 
 

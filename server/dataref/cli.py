@@ -22,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http", action="store_true", help="streamable HTTP at /mcp")
     serve.add_argument("--host", help="HTTP bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="HTTP server processes sharing the port and the state (default 1)",
+    )
 
     sub.add_parser("doctor", help="check the kernel sandbox and that every SQL source is reachable")
 
@@ -83,6 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dataref: bad configuration: {exc}", file=sys.stderr)
         return 2
     if args.command == "serve":
+        if args.workers != 1:
+            return serve_workers(settings, http=args.http, host=args.host, port=args.port,
+                                 workers=args.workers)  # fmt: skip
         return serve(settings, http=args.http, host=args.host, port=args.port)
     if args.command == "doctor":
         return doctor(settings)
@@ -139,6 +148,8 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
         host_origin_protection="auto",  # DNS rebinding: refuse foreign Host/Origin on loopback
         middleware=http_middleware(mcp),  # 401/403 become audit events
         uvicorn_config={"log_config": None},  # its log lines go through our JSON handler
+        # Shared state (replicas): no call may need the process that answered the last one.
+        stateless_http=settings.state.url is not None or None,
     )
     return 0
 
@@ -156,6 +167,25 @@ def kernelspec_install(args: argparse.Namespace) -> int:
     )
     print(f"installed kernelspec {args.name!r} in {path}")
     return 0
+
+
+def serve_workers(
+    settings: Settings, *, http: bool, host: str | None, port: int | None, workers: int
+) -> int:
+    """``serve --http --workers N``: N processes on one socket, sharing the state."""
+    from .workers import serve_workers as run
+
+    if not http or workers < 1:
+        print("dataref: --workers N needs --http and N >= 1", file=sys.stderr)
+        return 2
+    if not (settings.auth.tokens or settings.auth.jwks_uri or settings.auth.public_key):
+        print(
+            "dataref: refusing to serve HTTP without authentication (see README)", file=sys.stderr
+        )
+        return 2
+    announce_sandbox(settings)
+    port = port if port is not None else settings.server.port
+    return run(settings, host or settings.server.host, port, workers)
 
 
 def announce_sandbox(settings: Settings) -> None:

@@ -20,6 +20,7 @@ from . import __version__
 from .config import Settings
 from .downloads import Downloads
 from .files import write_atomic
+from .state import open_state
 from .transcript import Transcripts
 
 MEDIA_TYPE = "application/x-ipynb+json"
@@ -107,10 +108,13 @@ def cli_export(settings: Settings, notebook: str, out: str | None, owner: str | 
     from .errors import DatarefError
 
     owner = owner or settings.owner or local_user()
-    if not (settings.state_dir / "notebooks" / "notebooks.sqlite").is_file():
+    local = settings.state.url is None
+    if local and not (settings.state_dir / "notebooks" / "notebooks.sqlite").is_file():
         print(f"dataref: no notebooks under {settings.state_dir}", file=sys.stderr)
         return 1
-    transcripts = Transcripts(settings.state_dir / "notebooks")
+    state = None if local else open_state(settings)
+    db = None if state is None else state.notebooks_db
+    transcripts = Transcripts(settings.state_dir / "notebooks", db=db)
     try:
         if notebook in ("", "default"):
             handle = transcripts.default(owner, create=False)
@@ -122,6 +126,8 @@ def cli_export(settings: Settings, notebook: str, out: str | None, owner: str | 
         return 1
     finally:
         transcripts.close()
+        if state is not None:
+            state.close()
     if out == "-":
         sys.stdout.write(notebook_json(nb))
         return 0
