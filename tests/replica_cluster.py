@@ -93,6 +93,7 @@ global
 defaults
     mode http
     timeout connect 2s
+    timeout check 10s
     timeout client 600s
     timeout server 600s
     retries 3
@@ -105,7 +106,7 @@ backend dataref
     option httpchk
     http-check send meth GET uri /readyz ver HTTP/1.1 hdr Host 127.0.0.1
     http-check expect status 200
-    default-server inter 500ms fall 2 rise 2
+    default-server inter 1s fall 3 rise 2
 {servers}
 """
 
