@@ -15,8 +15,8 @@ import pytest
 
 from dataref.config import Settings, load_settings
 
-# A real PostgreSQL server (session scope) for the tests that ask for `pg_server`.
-pytest_plugins = ["tests.pg_server"]
+# PostgreSQL: one server per session (pg_server); pg_url is a fresh database of it.
+pytest_plugins = ["tests.pg_server", "tests.pg_state_server"]
 
 ROOT = Path(__file__).resolve().parents[1]
 DATAREF = str(Path(sys.executable).parent / "dataref")

@@ -74,8 +74,9 @@ class PgServer:
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
             os.chown(pwfile, entry.pw_uid, entry.pw_gid)
         os.chmod(self.root, 0o755)
-        self._run("initdb", "-D", str(self.root / "data"), "-U", SUPERUSER, "--pwfile",
-                  str(pwfile), "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8")  # fmt: skip
+        data = str(self.root / "data")
+        self._run("initdb", "-D", data, "-U", SUPERUSER, "--pwfile", str(pwfile),
+                  "--auth=scram-sha-256", "-E", "UTF8", "--locale=C.UTF-8")  # fmt: skip
         pwfile.unlink()
         listen = "127.0.0.1" if tcp else ""
         with (self.root / "data" / "postgresql.conf").open("a") as f:

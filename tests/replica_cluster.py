@@ -170,9 +170,9 @@ class Cluster:
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
-                if httpx2.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    if all(v == "UP" for v in self.server_status().values()):
-                        return
+                ready = httpx2.get(f"{self.url}/readyz", timeout=2).status_code == 200
+                if ready and all(v == "UP" for v in self.server_status().values()):
+                    return
             except httpx2.HTTPError:
                 pass
             time.sleep(0.2)

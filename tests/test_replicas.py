@@ -80,7 +80,9 @@ async def test_the_article_and_a_20_call_chain_are_exact_across_replicas(cluster
     before = cluster.requests_per_replica()
     async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
         sales = await call(alice, "fetch_sales", {"since": "2025-01-01"})
-        qoq = await call(alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}})
+        qoq = await call(
+            alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}}
+        )
         assert qoq["ok"], qoq
         assert qoq["result"] == local_result(cluster, QOQ_CODE, sales=sales["dataRef"])
         qoq_ref = qoq["outputs"]["qoq"]["dataRef"]

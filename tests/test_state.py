@@ -13,21 +13,12 @@ import signal
 import time
 from pathlib import Path
 
-import pandas as pd
 import pytest
 from nbformat.v4 import new_code_cell
 
-from dataref.config import load_settings
-from dataref.downloads import Downloads
 from dataref.errors import LimitExceeded, NotFound
-from dataref.state import open_state
 from dataref.state.migrations import STEPS
-from dataref.store import ArtifactStore
-from dataref.transcript import Transcripts
-
-pytest_plugins = ["tests.pg_state_server"]
-
-FRAME = pd.DataFrame({"x": range(1000), "y": [1.5] * 1000})
+from tests.state_support import FRAME, Replica, settings_for
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -38,32 +29,6 @@ def engine(request) -> str:
 @pytest.fixture
 def state_url(engine, request) -> str | None:
     return request.getfixturevalue("pg_url") if engine == "postgresql" else None
-
-
-def settings_for(state_dir: Path, url: str | None, blobs: str | None = None, **store):
-    return load_settings(
-        state_dir=state_dir, state={"url": url, "pool_size": 4}, store={"blobs": blobs, **store}
-    )
-
-
-class Replica:
-    """What a server process holds of the state: the seam and the three indexes on it."""
-
-    def __init__(self, settings) -> None:
-        self.state = state = open_state(settings)
-        root = settings.state_dir
-        self.store = ArtifactStore(
-            root / "store",
-            settings.store,
-            db=state.artifacts_db,
-            blob_store=state.artifact_blobs,
-            shared=state.shared,
-        )
-        self.transcripts = Transcripts(root / "notebooks", db=state.notebooks_db)
-        self.downloads = Downloads(root / "exports", db=state.links_db, blobs=state.export_blobs)
-
-    def close(self) -> None:
-        self.state.close()
 
 
 def two_replicas(tmp_path: Path, url: str | None, blobs: str | None = None):
@@ -81,7 +46,9 @@ def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
         rows = set()
         for db in a.state.databases():  # three SQLite files, or one PostgreSQL database
             with db.tx() as cur:
-                rows |= {tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()}
+                rows |= {
+                    tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()
+                }
         expected = {("artifacts", 1), ("notebooks", 1), ("notebooks", 2), ("links", 1)}
         assert rows == expected
         assert len(STEPS["notebooks"]) == 2
@@ -101,9 +68,15 @@ def test_what_one_replica_commits_the_other_reads(tmp_path, state_url):
             b.store.get("bob", art.ref)  # a foreign ref is a missing one, on every replica
         handle = a.transcripts.default("alice")
         assert b.transcripts.default("alice") == handle
-        a.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": {"tool": "x", "ref": "r"}}))
-        b.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": {"tool": "y", "ref": "r"}}))
-        tools = [c.metadata["dataref"].get("tool") for c in a.transcripts.read("alice", handle).cells]
+        a.transcripts.append(
+            "alice", handle, new_code_cell("", metadata={"dataref": {"tool": "x", "ref": "r"}})
+        )
+        b.transcripts.append(
+            "alice", handle, new_code_cell("", metadata={"dataref": {"tool": "y", "ref": "r"}})
+        )
+        tools = [
+            c.metadata["dataref"].get("tool") for c in a.transcripts.read("alice", handle).cells
+        ]
         # b has other kernels than a: a note says the variables were cleared there
         assert tools == [None, None, "x", "restart", "y"]
         link = a.downloads.publish(
@@ -167,7 +140,9 @@ def _append_many(state_dir: str, url: str | None, handle: str, who: str, queue) 
     try:
         for i in range(15):
             rec = {"tool": "fetch_x", "ref": f"{who}-{i}"}
-            replica.transcripts.append("alice", handle, new_code_cell("", metadata={"dataref": rec}))
+            replica.transcripts.append(
+                "alice", handle, new_code_cell("", metadata={"dataref": rec})
+            )
         queue.put("done")
     finally:
         replica.close()

@@ -30,6 +30,7 @@ TOKEN_BYTES = 24  # 192 random bits in every URL
 # Module-level so tests can move time forward (monkeypatch downloads.clock).
 clock = time.time
 
+
 class LinkExpired(NotFound):
     """The owner's own link, past its time: worth a different answer than 'unknown'."""
 

@@ -52,7 +52,9 @@ class Transcripts:
     ``kernel`` names what this process's kernels are (see ``append``); by default a fresh
     value per instance: a new server process has new kernels."""
 
-    def __init__(self, root: Path, *, db: Database | None = None, kernel: str | None = None) -> None:
+    def __init__(
+        self, root: Path, *, db: Database | None = None, kernel: str | None = None
+    ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         os.chmod(self.root, 0o700)
@@ -114,8 +116,7 @@ class Transcripts:
     def _create(self, cur: Cursor, owner: str, *, is_default: bool) -> str:
         handle = f"nb_{secrets.token_urlsafe(HANDLE_BYTES)}"
         cur.execute(
-            "INSERT INTO notebooks (handle, owner, created, is_default, kernel) "
-            "VALUES (?,?,?,?,?)",
+            "INSERT INTO notebooks (handle, owner, created, is_default, kernel) VALUES (?,?,?,?,?)",
             (handle, owner, time.time(), int(is_default), self.kernel),
         )
         nb = new_notebook(metadata=_notebook_metadata(handle))

@@ -14,6 +14,7 @@ that variables were cleared there. A kernel gateway (``kernels.gateway_url``) sh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -75,7 +76,7 @@ def serve_workers(settings: Settings, host: str, port: int, workers: int) -> int
             code = 0
             try:
                 run_worker(worker_settings(settings, index, workers), sock)
-            except BaseException as exc:  # noqa: BLE001 - the worker's last word, then exit
+            except BaseException as exc:  # the worker's last word, then exit
                 print(f"dataref: worker {index} stopped: {exc!r}", file=sys.stderr)
                 code = 1
             os._exit(code)
@@ -85,10 +86,8 @@ def serve_workers(settings: Settings, host: str, port: int, workers: int) -> int
         nonlocal stopping
         stopping = True
         for pid in list(children):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)

@@ -67,7 +67,9 @@ def open_state(settings: Settings) -> State:
     }
     base = store.blobs.rstrip("/") if store.blobs else None
     artifact_blobs = open_blobs(
-        base and f"{base}/artifacts", root / "store" / "blobs", root / "cache" / "artifacts",
+        base and f"{base}/artifacts",
+        root / "store" / "blobs",
+        root / "cache" / "artifacts",
         **blob_args,
     )
     export_blobs = open_blobs(

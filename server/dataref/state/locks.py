@@ -123,9 +123,7 @@ class NotebookLocks:
     def __init__(self, locks: Locks, *, timeout: float) -> None:
         self.locks = locks
         self.timeout = timeout
-        self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = (
-            weakref.WeakValueDictionary()
-        )
+        self._local: weakref.WeakValueDictionary[str, asyncio.Lock] = weakref.WeakValueDictionary()
 
     @contextlib.asynccontextmanager
     async def hold(self, key: str) -> AsyncIterator[None]:

@@ -87,7 +87,9 @@ class FileDocs:
             self._write(handle, nb)
             if row is None or row[0] != kernel:
                 with self.db.tx(write=True) as cur:
-                    cur.execute("UPDATE notebooks SET kernel = ? WHERE handle = ?", (kernel, handle))
+                    cur.execute(
+                        "UPDATE notebooks SET kernel = ? WHERE handle = ?", (kernel, handle)
+                    )
 
     @contextlib.contextmanager
     def _flock(self, handle: str) -> Iterator[None]:
