@@ -4,9 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: setup system-deps test-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
+.PHONY: setup system-deps test-deps replica-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
 
-setup: system-deps $(VENV)/.installed
+setup: system-deps replica-deps $(VENV)/.installed
 
 # bubblewrap is the kernel sandbox; without it kernels refuse to start.
 system-deps:
@@ -21,6 +21,14 @@ test-deps:
 	  echo "installing postgresql (the tests' database server)"; \
 	  $(SUDO) apt-get install -y postgresql >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y postgresql; }; }
+
+# PostgreSQL (shared state) and HAProxy (load balancer) for the replica tests and benchmarks;
+# a single-process install needs neither.
+replica-deps:
+	@{ ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 && [ -x /usr/sbin/haproxy ]; } || { \
+	  echo "installing postgresql and haproxy (replica tests)"; \
+	  $(SUDO) apt-get install -y postgresql haproxy >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y postgresql haproxy; }; }
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
