@@ -108,9 +108,14 @@ class PgServer:
             conn.execute(f'CREATE DATABASE "{name}"')
         return self.url(name)
 
+    def halt(self) -> None:
+        """Stop the server at once (its data stays until ``stop``)."""
+        if (self.root / "data" / "postmaster.pid").exists():
+            self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop")
+
     def stop(self) -> None:
         try:
-            self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "immediate", "-w", "stop")
+            self.halt()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
