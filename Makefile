@@ -60,6 +60,7 @@ test-e2e: setup  ## real clients: MCP Inspector CLI, MCP conformance suite, Jupy
 bench: setup test-deps gateways  ## benchmarks against the seed-style baseline and the naive pattern
 	$(PY) -m tests.benchmarks
 	$(PY) -m tests.benchmarks.gateways
+	$(PY) -m tests.benchmarks.replicas  # 1/2/3 replicas behind HAProxy -> results/replicas.md
 
 demo: setup  ## the article's session through a real MCP client
 	$(VENV)/bin/dataref demo

@@ -89,7 +89,7 @@ def open_state(settings: Settings) -> State:
         for component in ("artifacts", "notebooks", "links"):
             migrate(pg, component)
         dbs = [pg, pg, pg]
-        locks = PgLocks(pg.pool, url)
+        locks = PgLocks(url)
     return State(
         artifacts_db=dbs[0],
         notebooks_db=dbs[1],

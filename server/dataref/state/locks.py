@@ -4,9 +4,9 @@ Two kinds, one per engine, both released by the operating system when their hold
 
 - ``FileLocks`` (SQLite, one machine): ``flock`` on a file per key under ``state_dir/locks``.
   The lock belongs to an open file, so a killed worker's locks go with its file descriptors.
-- ``PgLocks`` (PostgreSQL, any number of machines): session-level advisory locks, each on a
-  connection held for as long as the lock; a replica that dies closes its connections and
-  PostgreSQL releases its locks.
+- ``PgLocks`` (PostgreSQL, any number of machines): session-level advisory locks on a
+  connection of the process's own (not the query pool's); a replica that dies closes its
+  connections and PostgreSQL releases its locks.
 
 Waiting is a poll of a non-blocking try (20 ms to 200 ms apart) so a waiting call holds no
 thread; within one process an asyncio lock per key keeps waiting calls in arrival order.
@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import hashlib
 import os
+import threading
 import weakref
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -69,52 +70,71 @@ class FileLocks:
 
 
 class _PgHeld:
-    def __init__(self, pool: Any, conn: Any, key: str, *, own: bool) -> None:
-        self.pool, self.conn, self.key, self.own = pool, conn, key, own
+    def __init__(self, locks: PgLocks, conn: Any, key: str, *, own: bool) -> None:
+        self.locks, self.conn, self.key, self.own = locks, conn, key, own
 
     def release(self) -> None:
         conn, self.conn = self.conn, None
         if conn is None:
             return
         try:
-            conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self.key,))
+            with self.locks.mutex:
+                conn.execute("SELECT pg_advisory_unlock(hashtextextended(%s, 0))", (self.key,))
         except Exception:
-            conn.close()  # a broken connection: closing it releases the lock server-side
-        _give_back(self.pool, conn, own=self.own)
+            conn.close()  # a broken connection: its locks are gone server-side already
+        if self.own:
+            conn.close()
 
 
 class PgLocks:
-    """Advisory locks on connections from the state's pool (or, for ``dedicated``, one of
-    their own, so a long-held lock such as leadership never starves the pool)."""
+    """Session-level advisory locks. The notebook locks of this process share one connection
+    of their own (a session holds many locks; the asyncio lock per key in NotebookLocks keeps
+    one holder per key in this process), so held locks never take connections from the
+    query pool. ``dedicated`` locks (leadership) get a connection each."""
 
-    def __init__(self, pool: Any, url: str) -> None:
-        self.pool, self.url = pool, url
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.mutex = threading.Lock()
+        self._conn: Any = None
+
+    def _shared(self) -> Any:
+        import psycopg
+
+        if self._conn is None or self._conn.closed:
+            self._conn = psycopg.connect(self.url, autocommit=True)
+        return self._conn
 
     def try_acquire(self, key: str, *, dedicated: bool = False) -> _PgHeld | None:
         import psycopg
 
-        conn = psycopg.connect(self.url, autocommit=True) if dedicated else self.pool.getconn()
-        try:
-            conn.autocommit = True
-            (got,) = conn.execute(
-                "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
-            ).fetchone()
-        except BaseException:
-            _give_back(self.pool, conn, own=dedicated)
-            raise
+        if dedicated:
+            conn = psycopg.connect(self.url, autocommit=True)
+            got = _try(conn, key)
+        else:
+            with self.mutex:
+                conn = self._shared()
+                got = _try(conn, key)
         if not got:
-            _give_back(self.pool, conn, own=dedicated)
+            if dedicated:
+                conn.close()
             return None
-        return _PgHeld(self.pool, conn, key, own=dedicated)
+        return _PgHeld(self, conn, key, own=dedicated)
+
+    def close(self) -> None:
+        with self.mutex:
+            if self._conn is not None:
+                self._conn.close()
 
 
-def _give_back(pool: Any, conn: Any, *, own: bool) -> None:
-    if own:
+def _try(conn: Any, key: str) -> bool:
+    try:
+        (got,) = conn.execute(
+            "SELECT pg_try_advisory_lock(hashtextextended(%s, 0))", (key,)
+        ).fetchone()
+    except Exception:
         conn.close()
-        return
-    if not conn.closed:
-        conn.autocommit = False
-    pool.putconn(conn)  # the pool discards a broken connection
+        raise
+    return bool(got)
 
 
 class NotebookLocks:
@@ -193,3 +213,5 @@ class Leadership:
         if self._held is not None:
             self._held.release()
             self._held = None
+        if isinstance(self.locks, PgLocks):
+            self.locks.close()
