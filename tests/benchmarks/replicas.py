@@ -51,8 +51,10 @@ def split_cpu(cluster: Cluster) -> dict[str, float]:
         own = psutil.Process(replica.proc.pid).cpu_times()
         servers += own.user + own.system
         kernels += tree_cpu([replica.proc.pid]) - (own.user + own.system)
-    infra = [p.pid for p in psutil.process_iter(["name"]) if p.info["name"] == "postgres"]
-    others = sum(t.user + t.system for t in (psutil.Process(pid).cpu_times() for pid in infra))
+    others = 0.0
+    if cluster.pg is not None:  # this cluster's postmaster and its backends
+        pid_file = cluster.pg.root / "data" / "postmaster.pid"
+        others += tree_cpu([int(pid_file.read_text().split()[0])])
     if cluster.haproxy is not None:
         others += tree_cpu([cluster.haproxy.pid])
     return {
