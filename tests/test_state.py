@@ -252,3 +252,33 @@ def test_shared_blobs_orphans_go_only_after_their_grace(tmp_path, pg_url):
     finally:
         a.close()
         b.close()
+
+
+def test_the_kernel_map_gives_a_notebook_to_one_kernel_when_replicas_race(tmp_path, state_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dataref.state.kernel_map import KernelMap
+
+    a, b = two_replicas(tmp_path, state_url)
+    try:
+        handle = a.transcripts.new("alice")
+        maps = [KernelMap(a.state.notebooks_db), KernelMap(b.state.notebooks_db)]
+        current = maps[0].get(handle)  # the creating server's own kernels, until claimed
+        assert current == a.transcripts.kernel
+        with ThreadPoolExecutor(8) as pool:
+            wins = list(
+                pool.map(
+                    lambda i: maps[i % 2].claim(handle, f"gw:{i}", replacing=current), range(8)
+                )
+            )
+        assert wins.count(True) == 1
+        winner = f"gw:{wins.index(True)}"
+        assert maps[1].get(handle) == winner
+        maps[0].forget(handle, "gw:other")  # a stale forget changes nothing
+        assert maps[1].get(handle) == winner
+        maps[1].forget(handle, winner)
+        assert maps[0].get(handle) is None
+        assert maps[0].claim(handle, "gw:new", replacing=None)
+    finally:
+        a.close()
+        b.close()
