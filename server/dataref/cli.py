@@ -138,6 +138,12 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
             file=sys.stderr,
         )
         return 2
+    if settings.state.url and not settings.store.blobs:
+        print(
+            "dataref: note: state.url is shared but store.blobs is not set - artifact bytes stay "
+            "in this server's state_dir, so other replicas cannot read them",
+            file=sys.stderr,
+        )
     mcp = create_app(settings, "http")
     mcp.run(
         transport="http",
