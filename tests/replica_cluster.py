@@ -22,7 +22,8 @@ from pathlib import Path
 
 import httpx2
 
-from tests.pg_state_server import PgServer, free_port
+from tests.pg_server import PgServer
+from tests.pg_state_server import create_database, free_port
 
 DATAREF = str(Path(sys.executable).parent / "dataref")
 
@@ -134,8 +135,8 @@ class Cluster:
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": os.environ.get("HOME", "/root"),
-                "DATAREF_STATE__URL": self.pg.create_database(),
-                "DATAREF_STATE__POOL_SIZE": "8",
+                "DATAREF_STATE__URL": create_database(self.pg),
+                "DATAREF_STATE__POOL_SIZE": "6",  # x3 replicas: within max_connections
                 "DATAREF_STORE__BLOBS": self.blobs,
                 "DATAREF_AUTH__TOKENS": json.dumps(self.tokens),
                 "DATAREF_KERNELS__WARM_SPARES": "1",
