@@ -364,7 +364,7 @@ def register_transcript_tools(mcp: FastMCP, app: App) -> None:
         """Export the notebook as a data-free .ipynb (one cell per call, no rows) that a
         person runs again in JupyterLab: {path or url, cells, notebook}."""
         owner = app.owners.current()
-        handle = app.ws.transcripts.resolve(owner, notebook)
+        handle = await asyncio.to_thread(app.ws.transcripts.resolve, owner, notebook)
         return await asyncio.to_thread(
             nbx.export_for_owner,
             app.ws.transcripts,

@@ -112,8 +112,9 @@ async def run_python(
         ) from None
     if size > MAX_CODE_BYTES:
         raise InvalidRequest(f"code is larger than {human_bytes(MAX_CODE_BYTES)} - send less code")
-    ref_sensitive = validate_inputs(ws, owner, inputs)
-    handle = ws.transcripts.resolve(owner, notebook)
+    # State look-ups in a thread: on PostgreSQL each is a round trip the loop must not wait on.
+    ref_sensitive = await asyncio.to_thread(validate_inputs, ws, owner, inputs)
+    handle = await asyncio.to_thread(ws.transcripts.resolve, owner, notebook)
     timeout = clamp_timeout(ws, timeout_s)
     if ws.pool is None:
         raise ComputeError(
@@ -334,7 +335,7 @@ def trim_traceback(error: dict[str, Any]) -> str:
 
 
 async def reset_kernel(ws: Workspace, owner: str, notebook: str | None) -> dict[str, Any]:
-    handle = ws.transcripts.resolve(owner, notebook)
+    handle = await asyncio.to_thread(ws.transcripts.resolve, owner, notebook)
     async with ws.notebook_lock(handle):
         if ws.pool is not None:
             await ws.pool.reset(owner, handle)
