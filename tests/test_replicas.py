@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import time
 from collections.abc import Iterator
@@ -213,3 +214,28 @@ async def test_8_owners_x_25_calls_with_a_replica_sigkilled_midway(cluster):
         ]
         succeeded = [i for o, i, _, _, ok in run.calls if o == owner and ok and i % 8 != 4]
         assert numbers == sorted(numbers) and set(succeeded) <= set(numbers), (owner, numbers)
+
+
+SLOW = "import time\nstarted = time.time()\ntime.sleep(0.3)\nresult = [started, time.time()]"
+
+
+async def test_concurrent_calls_on_one_notebook_run_one_at_a_time_across_replicas(cluster):
+    async def one(i: int) -> dict[str, Any]:
+        async with Client(f"{cluster.url}/mcp", auth="tok-alice", timeout=120) as client:
+            return await call(client, "run_python", {"code": f"# slow {i}\n{SLOW}"})
+
+    before = cluster.requests_per_replica()
+    outs = await asyncio.gather(*(one(i) for i in range(6)))
+    after = cluster.requests_per_replica()
+    assert sum(1 for r in after if after[r] > before.get(r, 0)) >= 2  # several replicas answered
+    assert all(o["ok"] for o in outs), outs
+    spans = sorted(tuple(o["result"]) for o in outs)
+    for (_, end), (start, _) in itertools.pairwise(spans):
+        assert start >= end  # never two at once on one notebook, whichever replica
+    async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
+        exported = await call(alice, "export_notebook", {})
+    nb = nbformat.reads(download(cluster, exported["url"], "tok-alice").text, as_version=4)
+    slow = [c.source for c in nb.cells if c.cell_type == "code" and "# slow " in c.source]
+    recorded = [int(src.split("# slow ", 1)[1].split("\n", 1)[0]) for src in slow]
+    ran = sorted(range(6), key=lambda i: outs[i]["result"][0])
+    assert recorded == ran  # cells in the order the calls ran
