@@ -133,7 +133,7 @@ async def test_host_files_the_store_and_a_sibling_kernel_are_invisible(
     targets = [
         "/etc/shadow",
         str(pool.settings.state_dir / "store" / "secret.arrow"),
-        str(bob.box.work / "bobs_notes.txt"),
+        str(bob.box.view / "sandbox" / "bobs_notes.txt"),
         str(bob.inputs_dir),
         str(Path(__file__).resolve().parents[1] / "pyproject.toml"),  # the project checkout
         str(Path.home() / ".bashrc"),

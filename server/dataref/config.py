@@ -108,11 +108,13 @@ class ComputeSettings(Section):
 
 
 class KernelSettings(Section):
-    sandbox: Literal["bwrap", "unsandboxed"] = Field(
-        "bwrap",
-        description="bwrap runs every kernel in a bubblewrap sandbox. 'unsandboxed' runs "
-        "agent code as the server's own user with no isolation; only for trusted "
-        "single-user development.",
+    sandbox: Literal["auto", "uid", "userns", "bwrap", "unsandboxed"] = Field(
+        "auto",
+        description="How kernels are sandboxed (bubblewrap in every mode but 'unsandboxed'). "
+        "'auto': 'uid' when the server runs as root, else 'userns'. 'uid' (alias 'bwrap'): "
+        "root server, one host uid per kernel. 'userns': any user, one user namespace per "
+        "kernel, plus Landlock where the kernel has it. 'unsandboxed' runs agent code as the "
+        "server's own user with no isolation; only for trusted single-user development.",
     )
     memory_bytes: int = Field(3 * GiB, ge=256 * MiB, description="RLIMIT_AS of a kernel.")
     max_processes: int = Field(
@@ -127,6 +129,17 @@ class KernelSettings(Section):
     )
     shm_bytes: int = Field(
         64 * MiB, ge=MiB, description="Size of the kernel's private /dev/shm tmpfs."
+    )
+    work_bytes: int = Field(
+        512 * MiB,
+        ge=16 * MiB,
+        description="Size of the kernel's private /sandbox tmpfs: all it may write there.",
+    )
+    memory_budget_bytes: int | None = Field(
+        None,
+        ge=256 * MiB,
+        description="Kernels (spares included) start only while the sum of their memory_bytes, "
+        "tmp_bytes, shm_bytes and work_bytes fits this. None: 75% of the machine's RAM.",
     )
     uid_base: int = Field(
         61000, ge=1000, description="First host uid given to kernels; each kernel gets its own uid."

@@ -23,6 +23,7 @@ from ..config import Settings
 from ..errors import ComputeError, LimitExceeded
 from ..store import ArtifactStore
 from . import sandbox
+from .budget import MemoryBudget
 from .manager import SandboxedKernelManager
 from .sandbox import KernelBox, detect_runtime
 from .seccomp import build_filter
@@ -37,7 +38,9 @@ class LocalBackend:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.sandboxed = settings.kernels.sandbox != "unsandboxed"
+        self.mode = sandbox.resolve_mode(settings)
+        self.sandboxed = self.mode != "unsandboxed"
+        self.budget = MemoryBudget(settings.kernels)
         self.root: Path = settings.state_dir / "kernels"
         self.seccomp_file = self.root / "seccomp.bpf"
         self.runtime = detect_runtime()
@@ -46,7 +49,7 @@ class LocalBackend:
 
     async def start(self) -> None:
         if self.sandboxed:
-            _require_sandbox()
+            _require_sandbox(self.mode, self.root)
         else:
             log.warning("kernels run UNSANDBOXED (kernels.sandbox = 'unsandboxed')")
         self.root.mkdir(mode=0o711, parents=True, exist_ok=True)
@@ -57,11 +60,13 @@ class LocalBackend:
 
     def new_process(self, owner: str | None) -> LocalProcess:
         kernel_id = secrets.token_hex(5)  # short: ipc socket paths are limited to 107 bytes
+        self.budget.reserve(kernel_id)
         try:
-            uid = self.uids.allocate() if self.sandboxed else None
+            uid = self.uids.allocate() if self.mode == "uid" else None
         except OSError as exc:
+            self.budget.release(kernel_id)
             raise LimitExceeded(f"{exc}") from exc
-        box = KernelBox(kernel_id=kernel_id, root=self.root / kernel_id, uid=uid)
+        box = KernelBox(kernel_id=kernel_id, root=self.root / kernel_id, uid=uid, mode=self.mode)
         manager = SandboxedKernelManager(
             box=box,
             runtime=self.runtime,
@@ -142,6 +147,7 @@ class LocalProcess:
         await self._kill_leftovers()
         await asyncio.to_thread(self.box.remove)
         self._backend.uids.release(self.uid)
+        self._backend.budget.release(self.kernel_id)
 
     async def _kill_leftovers(self) -> None:
         """Wait until no process of the kernel's uid is left (the sandbox's processes die a
@@ -210,7 +216,10 @@ class LocalProcess:
         """Delete ``outputs_dir/cell_id`` (never following a symlink the kernel planted)."""
         if not cell_id or "/" in cell_id or cell_id in (".", ".."):
             return
-        top = os.open(self.outputs_dir, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
+        try:
+            top = os.open(self.outputs_dir, os.O_RDONLY | os.O_NOFOLLOW | os.O_DIRECTORY)
+        except FileNotFoundError:  # the sandbox (its tmpfs) went away with a dead process
+            return
         try:
             info = os.stat(cell_id, dir_fd=top, follow_symlinks=False)
             if stat.S_ISDIR(info.st_mode):
@@ -229,11 +238,11 @@ def check_names(*parts: Any) -> None:
             raise ValueError(f"bad output path component {part!r}")
 
 
-def _require_sandbox() -> None:
+def _require_sandbox(mode: str, kernels_dir: Path) -> None:
     """Refuse to start kernels without the sandbox (unless configured 'unsandboxed')."""
-    from .check import missing_for_priv_mode
+    from .check import missing_for
 
-    missing = missing_for_priv_mode()
+    missing = missing_for(mode, kernels_dir)
     if missing:
         raise ComputeError(
             "cannot start sandboxed kernels: "

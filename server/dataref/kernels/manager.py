@@ -97,6 +97,17 @@ class SandboxedKernelManager(AsyncIOLoopKernelManager):
         await super()._async_post_start_kernel(**kw)
         if self.box.sandboxed:
             await self._lock_run_dir()
+            self.box.point_view_at(self._sandbox_init_pid())
+
+    def _sandbox_init_pid(self) -> int:
+        """bwrap's child: pid 1 of the kernel's namespaces, whose root is the sandbox's."""
+        pid = self.provisioner.pid if self.provisioner is not None else None  # type: ignore[attr-defined]
+        if pid is None:
+            raise RuntimeError("the kernel has no process")
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        if len(children) != 1:
+            raise RuntimeError(f"bwrap has {len(children)} children, expected its init")
+        return int(children[0])
 
     async def _async_cleanup_resources(self, restart: bool = False) -> None:
         await super()._async_cleanup_resources(restart=restart)
@@ -118,24 +129,30 @@ class SandboxedKernelManager(AsyncIOLoopKernelManager):
         if self.box.uid is not None:
             os.chown(run, 0, self.box.uid)
             os.chmod(run, 0o770)
+        else:  # userns: the kernel is the server's uid; Landlock keeps it to creating sockets
+            os.chmod(run, 0o700)
+
+    @property
+    def _socket_owner(self) -> int:
+        return self.box.uid if self.box.uid is not None else os.getuid()
 
     async def _lock_run_dir(self) -> None:
         """Once the 5 sockets exist, the kernel may no longer swap them for symlinks."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.settings.kernels.startup_timeout_seconds
         paths = self._socket_paths()
-        while not all(is_socket_of(p, self.box.uid) for p in paths):
+        while not all(is_socket_of(p, self._socket_owner) for p in paths):
             if not await self.is_alive():
                 raise RuntimeError("the kernel exited while starting")
             if loop.time() > deadline:
                 raise TimeoutError("the kernel did not create its sockets in time")
             await asyncio.sleep(0.02)
-        os.chmod(self.box.run, 0o750)
+        os.chmod(self.box.run, 0o750 if self.box.uid is not None else 0o700)
         expected = {p.name for p in paths} | {"conn.json"}
         for entry in os.scandir(self.box.run):
             if entry.name not in expected:
                 os.unlink(entry.path)
-        if not all(is_socket_of(p, self.box.uid) for p in paths):
+        if not all(is_socket_of(p, self._socket_owner) for p in paths):
             raise RuntimeError("the kernel's sockets were replaced while starting")
 
     def log_tail(self, limit: int = 2000) -> str:

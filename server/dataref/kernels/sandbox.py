@@ -1,26 +1,38 @@
-"""How a kernel is sandboxed: its directories, its uid, and the bubblewrap command line.
+"""How a kernel is sandboxed: its directories, its identity, and the bubblewrap command line.
 
-Priv mode: the server is root; ``bwrap`` runs without a
-user namespace and execs ``setpriv`` to a real unprivileged host uid, one per kernel (so
-RLIMIT_NPROC is per kernel and one kernel cannot starve another), then ``prlimit`` sets the
-limits, then ipykernel starts. A seccomp filter (``seccomp.py``) stops nested user namespaces.
+Two modes (``kernels.sandbox``; "auto" picks by the server's uid):
+
+uid     the server is root; ``bwrap`` runs without a user namespace and execs ``setpriv`` to a
+        real unprivileged host uid, one per kernel (so RLIMIT_NPROC is per kernel and one
+        kernel cannot starve another), then ``prlimit`` sets the limits, then ipykernel starts.
+userns  the server is an ordinary user; ``bwrap --unshare-user`` gives each kernel its own
+        user namespace (RLIMIT_NPROC counts per namespace, so kernels cannot starve each other
+        either), then ``prlimit``, then the Landlock launcher (``landlock.py``) where the Linux
+        kernel has Landlock, then ipykernel. Details in ``userns.py``.
+
+In both, a seccomp filter (``seccomp.py``) stops nested namespaces, and ``/sandbox`` is a
+sized tmpfs inside the sandbox (``kernels.work_bytes``): a kernel fills its own space, never
+the disk of the store. The server reads outputs through ``view``, a symlink to the sandbox's
+root (``/proc/<bwrap's init>/root``), renewed at every (re)start.
 
 Per kernel, under ``state_dir/kernels/<kernel_id>/``:
 
     run/      root:U 0770 while starting, 0750 once the 5 ipc sockets exist (bound at the
               same absolute path inside, so the connection file is valid on both sides)
-    work/     root:U 1770 (sticky): the kernel's /sandbox. Root-owned entries in it cannot be
-              renamed or replaced by the kernel: inputs/ (a mount point) and .dataref/
-    work/.dataref/out/   U 0700: where the kernel writes outputs (untrusted contents)
+    view      -> /proc/<pid>/root: the sandbox's root; outputs are read at
+              view/sandbox/.dataref/out/ (untrusted contents; .dataref is root's in uid mode)
+    work/     unsandboxed mode only: the kernel's working dir on the host
     inputs/   root 0755, read-only at /sandbox/inputs; the server hard-links artifacts here
     etc/      passwd, group, hosts for the sandbox
     kernel.log  the kernel's stderr (bwrap and startup errors)
 
-"unsandboxed" mode runs ipykernel as the server's own user with the same layout and profile.
+"unsandboxed" mode runs ipykernel as the server's own user with the same layout and profile
+(its outputs in work/.dataref/out/).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import importlib.resources
 import os
@@ -41,6 +53,15 @@ BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
 PRLIMIT = "/usr/bin/prlimit"
 SOCKET_PATH_MAX = 107  # sockaddr_un.sun_path, minus the NUL
+UID_INSIDE = 1000  # the kernel's uid inside its user namespace (userns mode)
+
+
+def resolve_mode(settings: Settings) -> str:
+    """'uid', 'userns' or 'unsandboxed': what ``kernels.sandbox`` means for this server."""
+    mode = settings.kernels.sandbox
+    if mode == "auto":
+        return "uid" if os.geteuid() == 0 else "userns"
+    return "uid" if mode == "bwrap" else mode
 
 
 @dataclass(frozen=True)
@@ -83,7 +104,8 @@ class KernelBox:
 
     kernel_id: str
     root: Path
-    uid: int | None  # None when unsandboxed (the server's own uid)
+    uid: int | None  # the host uid in uid mode; None otherwise (the server's own uid)
+    mode: str = "uid"  # "uid", "userns" or "unsandboxed"
     _lock_fd: int | None = field(default=None, repr=False)
 
     @property
@@ -99,8 +121,14 @@ class KernelBox:
         return self.root / "inputs"
 
     @property
+    def view(self) -> Path:
+        return self.root / "view"
+
+    @property
     def outputs(self) -> Path:
-        return self.work / ".dataref" / "out"
+        if not self.sandboxed:
+            return self.work / ".dataref" / "out"
+        return self.view / SANDBOX.lstrip("/") / ".dataref" / "out"
 
     @property
     def etc(self) -> Path:
@@ -120,7 +148,19 @@ class KernelBox:
 
     @property
     def sandboxed(self) -> bool:
-        return self.uid is not None
+        return self.mode != "unsandboxed"
+
+    @property
+    def uid_inside(self) -> int:
+        return self.uid if self.uid is not None else UID_INSIDE
+
+    def point_view_at(self, pid: int) -> None:
+        """After each (re)start: ``view`` -> the root of the sandbox whose init is ``pid``."""
+        partial = self.root / f".view.{pid}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(partial)
+        os.symlink(f"/proc/{pid}/root", partial)
+        os.replace(partial, self.view)
 
     def create(self) -> None:
         """Make the directories with the owners and modes the module docstring lists."""
@@ -135,22 +175,24 @@ class KernelBox:
                 f"state_dir is too deep for Unix sockets ({longest} > {SOCKET_PATH_MAX} "
                 "characters) - set a shorter state_dir"
             )
-        for path in (self.run, self.work, self.inputs, self.etc):
+        for path in (self.run, self.inputs, self.etc):
             path.mkdir(mode=0o700)
-        (self.work / "inputs").mkdir(mode=0o755)  # the mount point of inputs/
-        self.outputs.parent.mkdir(mode=0o755)
-        self.outputs.mkdir(mode=0o700)
-        if self.uid is None:
+        os.chmod(self.inputs, 0o755)
+        if not self.sandboxed:
+            self.work.mkdir(mode=0o700)
+            (self.work / "inputs").mkdir(mode=0o755)  # where inputs/ is linked
+            self.outputs.parent.mkdir(mode=0o755)
+            self.outputs.mkdir(mode=0o700)
             return
-        uid = self.uid
-        _own(self.run, 0, uid, 0o750)
-        _own(self.work, 0, uid, 0o1770)
-        _own(self.inputs, 0, 0, 0o755)
-        _own(self.etc, 0, 0, 0o755)
-        _own(self.outputs, uid, uid, 0o700)
-        _write(self.etc / "passwd", _passwd(uid))
-        _write(self.etc / "group", _group(uid))
+        inside = self.uid_inside
+        _write(self.etc / "passwd", _passwd(inside))
+        _write(self.etc / "group", _group(inside))
         _write(self.etc / "hosts", "127.0.0.1\tlocalhost sandbox\n::1\tlocalhost\n")
+        os.chmod(self.etc, 0o755)
+        if self.uid is not None:  # uid mode: root owns everything but the socket dir's group
+            _own(self.run, 0, self.uid, 0o750)
+            _own(self.inputs, 0, 0, 0o755)
+            _own(self.etc, 0, 0, 0o755)
 
     def remove(self) -> None:
         # rmtree works on file descriptors and never follows the kernel's symlinks
@@ -301,13 +343,31 @@ def limits_argv(settings: Settings) -> list[str]:
 def bwrap_argv(
     box: KernelBox, runtime: Runtime, settings: Settings, seccomp_file: Path, inner: list[str]
 ) -> list[str]:
-    """sh (reopens the BPF on every start) -> bwrap -> setpriv -> prlimit -> ``inner``."""
+    """The whole launch command of a sandboxed kernel, in its mode (see the module docstring)."""
+    if box.mode == "userns":
+        from .userns import userns_argv
+
+        return userns_argv(box, runtime, settings, seccomp_file, inner)
     assert box.uid is not None
-    k = settings.kernels
     args = ["/bin/sh", "-c", 'exec "$@" 9< "$0"', str(seccomp_file), BWRAP]
-    args += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    args += ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
-    args += ["--ro-bind", "/usr", "/usr"]
+    args += namespace_args() + view_args(box, runtime, settings)
+    uid = str(box.uid)
+    args += ["--", SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
+    args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
+    return args + limits_argv(settings) + inner
+
+
+def namespace_args() -> list[str]:
+    args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
+    return args + ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+
+
+def view_args(
+    box: KernelBox, runtime: Runtime, settings: Settings, extra_ro: dict[str, str] | None = None
+) -> list[str]:
+    """What the kernel sees (the same in both modes), its environment and the seccomp fd."""
+    k = settings.kernels
+    args = ["--ro-bind", "/usr", "/usr"]
     for name in ("bin", "sbin", "lib", "lib64"):
         args += ["--symlink", f"usr/{name}", f"/{name}"]
     args += ["--perms", "0755", "--dir", "/etc"]
@@ -318,22 +378,26 @@ def bwrap_argv(
     if not runtime.base_prefix.is_relative_to("/usr"):
         args += _dirs(_parents(runtime.base_prefix))
         args += ["--ro-bind", str(runtime.base_prefix), str(runtime.base_prefix)]
+    args += ["--perms", "0755", "--dir", "/opt"]
     if runtime.venv is not None:
-        args += ["--perms", "0755", "--dir", "/opt", "--ro-bind", str(runtime.venv), VENV_INSIDE]
+        args += ["--ro-bind", str(runtime.venv), VENV_INSIDE]
+    for source, target in (extra_ro or {}).items():
+        args += _dirs([str(Path(target).parent)]) + ["--ro-bind", source, target]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--size", str(k.shm_bytes), "--tmpfs", "/dev/shm"]
     args += ["--remount-ro", "/dev"]
     args += ["--perms", "1777", "--size", str(k.tmp_bytes), "--tmpfs", "/tmp"]
     args += _dirs(["/tmp/.ipython", "/tmp/.ipython/profile_default"], "1777")
     args += ["--ro-bind", str(profile_startup_dir()), STARTUP_INSIDE]
-    args += ["--bind", str(box.work), SANDBOX]
+    # /sandbox: a sized tmpfs, so a disk filler meets its own limit; .dataref is made before
+    # the kernel runs (root's in uid mode, so the sticky /sandbox keeps the kernel from
+    # renaming it), out/ is where the kernel writes outputs for the server.
+    args += ["--perms", "1777", "--size", str(k.work_bytes), "--tmpfs", SANDBOX]
+    args += _dirs([f"{SANDBOX}/.dataref"]) + _dirs([OUTPUTS_INSIDE], "1777")
     args += ["--ro-bind", str(box.inputs), INPUTS_INSIDE]
     args += _dirs(_parents(box.run))
     args += ["--bind", str(box.run), str(box.run)]
     args += ["--remount-ro", "/", "--seccomp", "9", "--chdir", SANDBOX, "--clearenv"]
     for key, value in kernel_env(box, runtime).items():
         args += ["--setenv", key, value]
-    uid = str(box.uid)
-    args += ["--", SETPRIV, f"--reuid={uid}", f"--regid={uid}", "--clear-groups"]
-    args += ["--inh-caps=-all", "--bounding-set=-all", "--no-new-privs", "--"]
-    return args + limits_argv(settings) + inner
+    return args
