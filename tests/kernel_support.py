@@ -11,23 +11,38 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from dataref.config import Settings
+from dataref.config import KernelSettings, Settings
 from dataref.kernels import COLLECT_MIME, ExecutionResult, KernelPool, NotebookKernel
+from dataref.kernels.budget import kernel_footprint
 
 
-def require_bwrap() -> None:
-    """The sandbox tests must FAIL, not skip, where bubblewrap is missing."""
+def require_bwrap(mode: str = "auto") -> None:
+    """The sandbox tests must FAIL, not skip, where their mode cannot start: as root they
+    test uid mode, as an ordinary user userns mode (tests/usermode/run.sh)."""
+    from dataref.kernels.check import missing_for
+
     if shutil.which("bwrap", path="/usr/bin:/bin:/usr/local/bin") is None:
         pytest.fail("bubblewrap is not installed: apt-get install bubblewrap (these tests need it)")
-    if os.geteuid() != 0:
-        pytest.fail("the sandbox tests need root (priv mode: one uid per kernel)")
+    if mode == "auto":
+        mode = "uid" if os.geteuid() == 0 else "userns"
+    missing = missing_for(mode)
+    if missing:
+        pytest.fail(f"the {mode} sandbox cannot start here: " + "; ".join(missing))
 
 
 def kernel_settings(state_dir: Path, **kernels: Any) -> Settings:
+    """Test settings. The memory budget is sized for the caps under test (max_total plus the
+    spares), so tests of the caps see the caps on any machine; the budget has its own tests."""
     compute = kernels.pop("compute", {})
+    kernels = {"warm_spares": 0, "max_per_owner": 8, "max_total": 16, **kernels}
+    if "memory_budget_bytes" not in kernels:
+        each = KernelSettings(**kernels)
+        kernels["memory_budget_bytes"] = kernel_footprint(each) * (
+            each.max_total + each.warm_spares + 1
+        )
     return Settings(
         state_dir=state_dir,
-        kernels={"warm_spares": 0, "max_per_owner": 8, "max_total": 16, **kernels},
+        kernels=kernels,
         compute={"interrupt_grace_seconds": 2, **compute},
     )
 
@@ -73,8 +88,18 @@ def header(cell: str, bind: dict[str, str] | None = None) -> str:
     return "# dataref:" + json.dumps({"cell": cell, "bind": bind or {}})
 
 
-def kernel_processes(uids: set[int]) -> list[int]:
-    """Host pids whose real uid is one of ``uids``."""
-    from dataref.kernels.uids import processes
-
-    return [pid for pid, uid in processes() if uid in uids]
+def kernel_processes(under: Path) -> list[int]:
+    """Host pids of the kernels whose directories lie under ``under`` (a kernel's box root,
+    or a pool's kernels dir): their command lines name their run dirs, in both modes."""
+    found = []
+    needle = str(under).encode() + b"/"
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            with open(f"{entry.path}/cmdline", "rb") as cmdline:
+                if needle in cmdline.read():
+                    found.append(int(entry.name))
+        except OSError:
+            continue
+    return found

@@ -22,6 +22,9 @@ import psutil
 import pytest
 from fastmcp import Client
 
+from dataref.config import KernelSettings
+from dataref.kernels.budget import kernel_footprint
+
 from .conftest import HttpServer
 
 UIDS = range(64500, 64550)  # these tests' own kernel uids: counts are not disturbed by others
@@ -86,6 +89,8 @@ def server(tmp_path: Path) -> Iterator[HttpServer]:
         DATAREF_KERNELS__MAX_TOTAL=str(MAX_TOTAL),
         DATAREF_KERNELS__UID_BASE=str(UIDS.start),
         DATAREF_KERNELS__UID_COUNT=str(len(UIDS)),
+        # the memory budget fits exactly the cap: these tests see the cap on any machine
+        DATAREF_KERNELS__MEMORY_BUDGET_BYTES=str(MAX_TOTAL * kernel_footprint(KernelSettings())),
     )
     try:
         yield srv

@@ -50,18 +50,24 @@ async def bob(pool: KernelPool) -> NotebookKernel:
 
 
 async def test_the_kernel_runs_as_its_own_unprivileged_uid_and_two_kernels_differ(
-    alice: NotebookKernel, bob: NotebookKernel
+    alice: NotebookKernel, bob: NotebookKernel, pool: KernelPool
 ) -> None:
     code = (
         "import os\n"
         "status = dict(l.split(':', 1) for l in open('/proc/self/status'))\n"
         "out = [os.getuid(), os.geteuid(), os.getgid(), os.getgroups(),\n"
-        "       status['CapEff'].strip(), status['CapBnd'].strip(), status['NoNewPrivs'].strip()]"
+        "       status['CapEff'].strip(), status['CapBnd'].strip(), status['NoNewPrivs'].strip(),\n"
+        "       os.readlink('/proc/self/ns/user')]"
     )
     a, b = await probe(alice, code), await probe(bob, code)
-    assert a[0] == a[1] == a[2] == alice.uid and 62000 <= a[0] < 62050
-    assert b[0] == bob.uid and a[0] != b[0]
-    assert a[3] == []
+    if pool.mode == "uid":  # a host uid of its own
+        assert a[0] == a[1] == a[2] == alice.uid and 62000 <= a[0] < 62050
+        assert b[0] == bob.uid and a[0] != b[0]
+        assert a[3] == []
+    else:  # uid 1000 of a user namespace of its own (the server's is not theirs)
+        assert pool.mode == "userns"
+        assert a[0] == a[1] == a[2] == b[0] == 1000
+        assert a[7] != b[7] and a[7] != os.readlink("/proc/self/ns/user")
     assert a[4] == a[5] == "0000000000000000"
     assert a[6] == "1"
 
@@ -223,7 +229,9 @@ async def test_the_kernel_cannot_signal_the_server_or_gain_privileges(
         "    except OSError as e:\n        out[name] = type(e).__name__",
     )
     assert out["kill"] in ("ProcessLookupError", "PermissionError")
-    assert out["setuid"] == out["chroot"] == "PermissionError"
+    assert out["chroot"] == "PermissionError"
+    # EPERM for a host uid; EINVAL in a user namespace, where uid 0 is not even mapped
+    assert out["setuid"] in ("PermissionError", "OSError")
 
 
 async def test_nested_user_namespaces_are_refused(alice: NotebookKernel) -> None:

@@ -53,7 +53,7 @@ class SandboxReport:
     details: list[str] = field(default_factory=list)
 
 
-def missing_for(mode: str) -> list[str]:
+def missing_for(mode: str, kernels_dir: Path | None = None) -> list[str]:
     """What ``mode`` ('uid' or 'userns') lacks on this host, each with its fix."""
     problems = []
     if not os.path.isfile(BWRAP):
@@ -93,7 +93,7 @@ def check_sandbox(settings: Settings) -> SandboxReport:
             else f"the {auto} sandbox is available here: set kernels.sandbox = 'auto'"
         )
         return report
-    report.problems += missing_for(mode)
+    report.problems += missing_for(mode, settings.state_dir / "kernels")
     if not report.problems:
         _trial_run(settings, mode, report)
     if mode == "userns":

@@ -8,6 +8,7 @@ kernel's uid may write there only while its sockets are being created.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -62,11 +63,15 @@ class SandboxedKernelManager(AsyncIOLoopKernelManager):
         if not box.sandboxed:
             return ipykernel_argv(sys.executable, str(box.connection_file))
         assert self.seccomp_file is not None
-        inner = ipykernel_argv(self.runtime.python_inside, str(box.connection_file))
+        inner = ipykernel_argv(self.runtime.python_inside, f"{box.run_inside}/conn.json")
         return bwrap_argv(box, self.runtime, self.settings, self.seccomp_file, inner)
 
     def write_connection_file(self, **kwargs: Any) -> None:
         super().write_connection_file(**kwargs)
+        if self.box.run_inside != str(self.box.run):  # the kernel's sockets, as it sees them
+            info = json.loads(Path(self.connection_file).read_text())
+            info["ip"] = f"{self.box.run_inside}/{self.box.ipc_base.name}"
+            Path(self.connection_file).write_text(json.dumps(info))
         if self.box.uid is not None:  # written 0600 by root: let the kernel's group read it
             os.chown(self.connection_file, 0, self.box.uid)
             os.chmod(self.connection_file, 0o640)

@@ -53,7 +53,8 @@ BWRAP = "/usr/bin/bwrap"
 SETPRIV = "/usr/bin/setpriv"
 PRLIMIT = "/usr/bin/prlimit"
 SOCKET_PATH_MAX = 107  # sockaddr_un.sun_path, minus the NUL
-UID_INSIDE = 1000  # the kernel's uid inside its user namespace (userns mode)
+UID_INSIDE = 1000
+RUN_INSIDE = "/run/dataref"  # the kernel's uid inside its user namespace (userns mode)
 
 
 def resolve_mode(settings: Settings) -> str:
@@ -145,6 +146,12 @@ class KernelBox:
     @property
     def ipc_base(self) -> Path:
         return self.run / "k"
+
+    @property
+    def run_inside(self) -> str:
+        """Where the run dir is bound inside: its host path in uid mode; in userns mode a fixed
+        path, so it never lies inside a writable tmpfs (Landlock guards it by path)."""
+        return RUN_INSIDE if self.mode == "userns" else str(self.run)
 
     @property
     def sandboxed(self) -> bool:
@@ -395,8 +402,8 @@ def view_args(
     args += ["--perms", "1777", "--size", str(k.work_bytes), "--tmpfs", SANDBOX]
     args += _dirs([f"{SANDBOX}/.dataref"]) + _dirs([OUTPUTS_INSIDE], "1777")
     args += ["--ro-bind", str(box.inputs), INPUTS_INSIDE]
-    args += _dirs(_parents(box.run))
-    args += ["--bind", str(box.run), str(box.run)]
+    args += _dirs(_parents(Path(box.run_inside)))
+    args += ["--bind", str(box.run), box.run_inside]
     args += ["--remount-ro", "/", "--seccomp", "9", "--chdir", SANDBOX, "--clearenv"]
     for key, value in kernel_env(box, runtime).items():
         args += ["--setenv", key, value]

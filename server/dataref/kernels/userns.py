@@ -67,11 +67,14 @@ def userns_argv(
     return args + inner
 
 
+WRITABLE_INSIDE = (SANDBOX, "/tmp", "/dev/shm")
+
+
 def landlock_argv(box: KernelBox, runtime: Runtime) -> list[str]:
     """The launcher and its rules: read the runtime, write the private tmpfs, sockets only in
     the run dir. No symlinks anywhere, so the kernel cannot plant one for the server."""
     read = ["/usr", "/etc", "/opt", "/proc", str(runtime.base_prefix)]
-    write = [SANDBOX, "/tmp", "/dev/shm"]
+    write = list(WRITABLE_INSIDE)
     python = f"{VENV_INSIDE}/bin/python" if runtime.venv is not None else runtime.python_inside
     return [
         python,
@@ -79,7 +82,7 @@ def landlock_argv(box: KernelBox, runtime: Runtime) -> list[str]:
         LANDLOCK_INSIDE,
         ":".join(read),
         ":".join(write),
-        str(box.run),
+        box.run_inside,
         "/dev",
         "--",
     ]
