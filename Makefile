@@ -2,18 +2,23 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# Never a password prompt (an MCP host runs `make serve` with no terminal): sudo -n fails at
+# once when it would ask, and the target then prints the command to run.
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo -n)
 
-.PHONY: setup system-deps test-deps replica-deps gateways serve serve-http test test-e2e test-fast bench lint doctor demo clean
+.PHONY: setup system-deps test-deps replica-deps gateways serve serve-http test test-user test-e2e test-fast bench lint doctor demo clean
 
 setup: system-deps replica-deps $(VENV)/.installed
 
-# bubblewrap is the kernel sandbox; without it kernels refuse to start.
+# bubblewrap is the kernel sandbox; without it kernels refuse to start (the rest still works).
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
-	  echo "installing bubblewrap (the kernel sandbox)"; \
+	  echo "installing bubblewrap (the kernel sandbox)" >&2; \
 	  $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1 || \
-	  { $(SUDO) apt-get update >/dev/null && $(SUDO) apt-get install -y bubblewrap; }; }
+	  { $(SUDO) apt-get update >/dev/null 2>&1 && $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1; } || \
+	  echo "dataref: bubblewrap is not installed, so run_python cannot start kernels. Install it" \
+	    "with: sudo apt-get install bubblewrap (Debian/Ubuntu) or sudo dnf install bubblewrap" \
+	    "(Fedora), then restart the server. \`make doctor\` checks the rest." >&2; }
 
 # PostgreSQL: the tests start a real server (initdb/pg_ctl in a temp dir) for the SQL sources.
 test-deps:
@@ -50,6 +55,12 @@ gateways: setup
 
 test: setup test-deps gateways  ## the whole test suite
 	$(PY) -m pytest -q
+
+# As root: creates an ordinary account with a copy of this checkout and a venv it owns, and runs
+# the compute and sandbox tests as that account (userns mode; `make test` covers uid mode).
+test-user: system-deps  ## the compute and sandbox tests as an ordinary account (user namespaces)
+	bash tests/usermode/run.sh -q tests/usermode tests/test_sandbox.py tests/test_kernels.py \
+	  tests/test_compute.py tests/test_server.py tests/test_demo_command.py tests/test_faults.py
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
 # Debian's chromium are installed by tests/e2e/setup.sh; the tests fail (not skip) without them.

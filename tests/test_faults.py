@@ -303,12 +303,15 @@ KERNEL_UIDS = range(64000, 64100)  # this test's own uids: it kills only its own
 
 
 def kernel_pids(uids: range) -> list[int]:
-    """Host pids of ipykernel processes running as one of ``uids``."""
+    """Host pids of this test's ipykernel processes (descendants of this process, in either
+    sandbox mode; in uid mode also running as one of ``uids``)."""
     found = []
-    for proc in psutil.process_iter(["pid", "uids", "cmdline"]):
+    for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error, TypeError):
-            if proc.info["uids"].real in uids and "ipykernel" in " ".join(proc.info["cmdline"]):
-                found.append(proc.info["pid"])
+            if "ipykernel" not in " ".join(proc.cmdline()):
+                continue
+            if os.geteuid() != 0 or proc.uids().real in uids:
+                found.append(proc.pid)
     return found
 
 

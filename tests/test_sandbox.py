@@ -6,8 +6,10 @@ These tests need bubblewrap and root; where either is missing they FAIL (never s
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import secrets
+import shutil
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -101,8 +103,6 @@ async def test_dns_and_the_internet_are_unreachable(alice: NotebookKernel) -> No
         "try:\n    u.sendto(b'x', ('8.8.8.8', 53)); out['udp'] = 'sent'\n"
         "except OSError as e:\n    out['udp'] = e.errno",
     )
-    import errno
-
     assert out["dns"] == "gaierror"
     assert out["tcp"] == errno.ENETUNREACH
     assert out["udp"] == errno.ENETUNREACH
@@ -260,8 +260,6 @@ async def test_a_fork_bomb_is_stopped_and_the_kernel_survives(alice: NotebookKer
         "for pid in pids:\n    os.waitpid(pid, 0)\n"
         "out = [forked, err]",
     )
-    import errno
-
     assert out[1] == errno.EAGAIN
     assert 0 < out[0] < 64
     assert (await ok(alice, "print('alive')")).strip() == "alive"
@@ -344,3 +342,74 @@ async def test_ordinary_analysis_work_still_runs_in_the_sandbox(alice: NotebookK
         "out = [squares, echo, str(when), str(zoneinfo.ZoneInfo('America/New_York'))]",
     )
     assert out == [[1, 2, 3], "hi", "2025-06-01 10:00:00+00:00", "America/New_York"]
+
+
+async def test_a_disk_filler_meets_its_own_limit_not_the_stores_disk(
+    alice: NotebookKernel, pool: KernelPool
+) -> None:
+    free_before = shutil.disk_usage(pool.settings.state_dir).free
+    out = await probe(
+        alice,
+        "import errno\nwritten, err = 0, None\nchunk = b'x' * 2**20\n"
+        "try:\n"
+        "    for i in range(4096):\n"
+        "        with open(f'/sandbox/fill-{i}', 'wb') as f:\n"  # many files: FSIZE is per file
+        "            for _ in range(64):\n                f.write(chunk); written += 1\n"
+        "except OSError as e:\n    err = e.errno\n"
+        "import os, glob\nfor p in glob.glob('/sandbox/fill-*'):\n    os.unlink(p)\n"
+        "out = [written, err]",
+    )
+    work = pool.settings.kernels.work_bytes >> 20
+    assert out[1] == errno.ENOSPC
+    assert work - 8 <= out[0] <= work  # MiB written before the tmpfs was full
+    assert shutil.disk_usage(pool.settings.state_dir).free > free_before - 64 * 2**20
+    assert (await ok(alice, "open('/sandbox/after', 'w').write('ok'); print('fine')")) == "fine\n"
+
+
+async def test_a_fork_bomb_in_one_kernel_leaves_another_kernel_working(
+    alice: NotebookKernel, bob: NotebookKernel
+) -> None:
+    await ok(
+        alice,
+        "import os, time\nheld = []\n"
+        "for _ in range(200):\n"
+        "    try:\n        pid = os.fork()\n"
+        "    except OSError:\n        break\n"
+        "    if pid == 0:\n        time.sleep(30); os._exit(0)\n"
+        "    held.append(pid)\n",
+    )
+    try:
+        out = await probe(
+            bob,
+            "import subprocess\nout = subprocess.run(['echo', 'hi'], capture_output=True, "
+            "text=True).stdout.strip()",
+        )
+        assert out == "hi"
+    finally:
+        await ok(
+            alice,
+            "import signal\nfor p in held:\n    os.kill(p, signal.SIGKILL)\n"
+            "for p in held:\n    os.waitpid(p, 0)",
+        )
+
+
+async def test_the_memory_budget_admits_kernels_only_while_their_limits_fit(
+    tmp_path: Path,
+) -> None:
+    from dataref.errors import LimitExceeded
+    from dataref.kernels.budget import kernel_footprint
+
+    config = kernel_settings(tmp_path, uid_base=62900, uid_count=10)
+    each = kernel_footprint(config.kernels)
+    config.kernels.memory_budget_bytes = 2 * each + each // 2  # room for two, not three
+    small = await started_pool(config)
+    try:
+        assert small.budget.capacity == 2
+        await small.kernel("a", "nb1")
+        await small.kernel("b", "nb1")
+        with pytest.raises(LimitExceeded, match="memory budget"):
+            await small.kernel("c", "nb1")
+        await small.reset("a", "nb1")
+        assert (await ok(await small.kernel("c", "nb1"), "print(1)")).strip() == "1"
+    finally:
+        await small.close()

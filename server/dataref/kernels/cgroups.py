@@ -39,9 +39,7 @@ def own_cgroup(proc_cgroup: str) -> str | None:
     return None
 
 
-def detect_delegation(
-    mountinfo: str | None = None, proc_cgroup: str | None = None
-) -> Delegation:
+def detect_delegation(mountinfo: str | None = None, proc_cgroup: str | None = None) -> Delegation:
     mountinfo = mountinfo if mountinfo is not None else _read("/proc/self/mountinfo")
     proc_cgroup = proc_cgroup if proc_cgroup is not None else _read("/proc/self/cgroup")
     mount = cgroup2_mount(mountinfo)

@@ -366,7 +366,14 @@ def bwrap_argv(
 
 def namespace_args() -> list[str]:
     args = ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts"]
-    return args + ["--unshare-cgroup-try", "--hostname", "sandbox", "--die-with-parent", "--new-session"]
+    return [
+        *args,
+        "--unshare-cgroup-try",
+        "--hostname",
+        "sandbox",
+        "--die-with-parent",
+        "--new-session",
+    ]
 
 
 def view_args(
@@ -389,7 +396,7 @@ def view_args(
     if runtime.venv is not None:
         args += ["--ro-bind", str(runtime.venv), VENV_INSIDE]
     for source, target in (extra_ro or {}).items():
-        args += _dirs([str(Path(target).parent)]) + ["--ro-bind", source, target]
+        args += [*_dirs([str(Path(target).parent)]), "--ro-bind", source, target]
     args += ["--proc", "/proc", "--dev", "/dev"]
     args += ["--perms", "1777", "--size", str(k.shm_bytes), "--tmpfs", "/dev/shm"]
     args += ["--remount-ro", "/dev"]

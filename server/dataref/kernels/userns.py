@@ -61,7 +61,7 @@ def userns_argv(
     use_landlock = landlock_abi()[0] > 0
     extra = {str(landlock_source()): LANDLOCK_INSIDE} if use_landlock else {}
     args += view_args(box, runtime, settings, extra_ro=extra)
-    args += ["--"] + limits_argv(settings)
+    args += ["--", *limits_argv(settings)]
     if use_landlock:
         args += landlock_argv(box, runtime)
     return args + inner
