@@ -13,12 +13,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_defaults_are_safe():
     s = load_settings(state_dir="/tmp/x")
-    assert s.kernels.sandbox == "bwrap"
+    assert s.kernels.sandbox == "auto"  # a sandbox in every mode auto picks
     assert s.auth.tokens == {}
     assert s.compute.result_max_bytes == 4096
     assert s.compute.stdout_max_bytes == 2048
     assert s.describe.sample_rows == 5
     assert s.server.host == "127.0.0.1"
+
+
+def test_auto_picks_the_uid_mode_for_root_and_userns_for_anyone_else(monkeypatch):
+    from dataref.kernels.sandbox import resolve_mode
+
+    s = load_settings(state_dir="/tmp/x")
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+    assert resolve_mode(s) == "uid"
+    monkeypatch.setattr("os.geteuid", lambda: 1000)
+    assert resolve_mode(s) == "userns"
+    assert resolve_mode(load_settings(state_dir="/tmp/x", kernels={"sandbox": "bwrap"})) == "uid"
+    forced = load_settings(state_dir="/tmp/x", kernels={"sandbox": "unsandboxed"})
+    assert resolve_mode(forced) == "unsandboxed"
 
 
 def test_a_toml_file_and_env_vars_both_configure(tmp_path, monkeypatch):

@@ -18,6 +18,7 @@ from .concurrency import multi_owner
 from .data import cache_dir, load_sales, sales_path, wide_path
 from .diagnostics import server_side
 from .memory import PeakSampler, cpu_seconds, wait_workers_idle
+from .modes import sandbox_modes
 from .naive_server import rows_json_bytes
 from .rawkernel import raw_kernel_round_trips
 from .sources import sql_sources
@@ -200,6 +201,14 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         except Exception as exc:
             log(f"SQL sources: FAILED: {exc}")
             sources = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    modes = None
+    if "dataref" in servers and not quick:
+        log("sandbox modes: uid (root) beside userns (an ordinary account), over stdio")
+        try:
+            modes = await sandbox_modes(work)
+        except Exception as exc:
+            log(f"sandbox modes: FAILED: {exc}")
+            modes = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     inproc = await asyncio.to_thread(in_process, scales)
     diagnostics = await asyncio.to_thread(server_side, work) if "dataref" in servers else {}
     return {
@@ -209,6 +218,7 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         "servers": by_server,
         "multi_owner": multi,
         "sql_sources": sources,
+        "sandbox_modes": modes,
         "in_process": inproc,
         "diagnostics": diagnostics,
         "duration_s": time.perf_counter() - started,

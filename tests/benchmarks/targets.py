@@ -234,6 +234,25 @@ def sql_source_memory(name: str, label: str) -> Callable[[View], Verdict]:
     return check
 
 
+def user_mode(v: View) -> Verdict:
+    """userns mode (an ordinary account's server) against uid mode (root's), same run."""
+    modes = v.get("sandbox_modes") or {}
+    uid, userns = modes.get("uid") or {}, modes.get("userns") or {}
+    first = ratio(median(userns.get("first_call")), median(uid.get("first_call")))
+    warm = ratio(median(userns.get("per_call")), median(uid.get("per_call")))
+    passed = None if first is None or warm is None else first <= 1.2 and warm <= 1.2
+    return Verdict(
+        "userns mode ≤ 1.2× uid mode: first call of a new notebook and warm per-call (issue 10)",
+        f"first call {ms(median(userns.get('first_call')))} vs "
+        f"{ms(median(uid.get('first_call')))} ({times(first)}); warm call "
+        f"{ms(median(userns.get('per_call')))} vs {ms(median(uid.get('per_call')))} "
+        f"({times(warm)})",
+        passed,
+        modes.get("error", "")
+        or "userns mode adds the Landlock launcher (one more Python start per kernel start)",
+    )
+
+
 def verdicts(v: View) -> list[Verdict]:
     checks = (
         per_call_vs_seed,
@@ -243,6 +262,7 @@ def verdicts(v: View) -> list[Verdict]:
         compute_5m,
         first_call,
         staging,
+        user_mode,
     )
     sources = (
         sql_source("pg", "PostgreSQL"),
