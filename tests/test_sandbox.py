@@ -199,7 +199,7 @@ async def test_nothing_outside_the_sandbox_dir_is_writable(alice: NotebookKernel
 
 
 async def test_the_run_dir_cannot_be_tampered_with(alice: NotebookKernel) -> None:
-    run_dir = alice.box.run
+    run_dir = alice.box.run_inside
     out = await probe(
         alice,
         f"import os\nrun = {str(run_dir)!r}\nout = {{}}\n"
