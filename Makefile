@@ -60,7 +60,8 @@ test: setup test-deps gateways  ## the whole test suite
 # the compute and sandbox tests as that account (userns mode; `make test` covers uid mode).
 test-user: system-deps  ## the compute and sandbox tests as an ordinary account (user namespaces)
 	bash tests/usermode/run.sh -q tests/usermode tests/test_sandbox.py tests/test_kernels.py \
-	  tests/test_compute.py tests/test_server.py tests/test_demo_command.py tests/test_faults.py
+	  tests/test_compute.py tests/test_server.py tests/test_demo_command.py \
+	  tests/test_faults.py::test_a_kernel_killed_from_outside_fails_the_call_promptly_and_the_next_call_works
 
 # Node 22, the MCP Inspector, the conformance suite, playwright-core (into .node/) and
 # Debian's chromium are installed by tests/e2e/setup.sh; the tests fail (not skip) without them.

@@ -308,8 +308,9 @@ def kernel_pids(uids: range) -> list[int]:
     found = []
     for proc in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error, TypeError):
-            if "ipykernel" not in " ".join(proc.cmdline()):
-                continue
+            argv = proc.cmdline()
+            if "ipykernel" not in " ".join(argv) or "python" not in os.path.basename(argv[0]):
+                continue  # bwrap's own processes name ipykernel in their argv too
             if os.geteuid() != 0 or proc.uids().real in uids:
                 found.append(proc.pid)
     return found

@@ -9,8 +9,14 @@ gwkernel.py   the gateway backend: kernels on Kernel Gateway / Enterprise Gatewa
 gateway.py    the gateway's REST + WebSocket client
 kernelspec.py the `dataref` kernelspec a gateway launches (the local sandbox, relayed)
 manager.py    the jupyter_client KernelManager that launches inside the sandbox
-sandbox.py    directories, uids and the bubblewrap command line
+sandbox.py    directories, modes and the bubblewrap command line (uid mode)
+userns.py     the command line of userns mode (a server that is not root)
+landlock.py   the Landlock launcher (ctypes, run inside the sandbox before ipykernel)
 seccomp.py    the seccomp filter bwrap loads
+budget.py     the memory budget: no overcommit of kernel limits
+cgroups.py    cgroup v2 delegation: detection, a cgroup per userns kernel
+uids.py       host uids for uid mode, host processes
+hostcheck.py  what a host must allow for userns mode
 check.py      check_sandbox(), behind `dataref doctor`
 """
 
