@@ -61,6 +61,8 @@ async def measure(mode: str, state: Path) -> dict[str, Any]:
         first = []
         handle = ""
         for _ in range(FIRST_CALLS):
+            if handle:  # frees its kernel: the memory budget admits a handful at once
+                await client.call_tool("reset_kernel", {"notebook": handle})
             seconds, handle = await _call(client, "new")
             first.append(seconds)
             await asyncio.sleep(SPARE_WAIT_S)
