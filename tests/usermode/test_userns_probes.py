@@ -232,3 +232,17 @@ async def test_the_kernel_is_unprivileged_in_its_own_user_namespace(
     died = await run(alice, "import os; os._exit(1)")
     assert died.status == "died"
     assert (await ok(alice, "print('back')")).strip() == "back"
+
+
+def test_doctor_as_this_account_reports_the_userns_mode_working(tmp_path: Path) -> None:
+    import subprocess
+
+    from ..conftest import DATAREF, child_env
+
+    done = subprocess.run(
+        [DATAREF, "doctor"], env=child_env(tmp_path), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "sandbox mode: userns" in done.stdout
+    assert "userns sandbox works" in done.stdout and "Landlock: used" in done.stdout
+    assert "cgroup v2" in done.stdout and "memory budget" in done.stdout
