@@ -13,7 +13,7 @@ setup: system-deps replica-deps $(VENV)/.installed
 # bubblewrap is the kernel sandbox; without it kernels refuse to start (the rest still works).
 system-deps:
 	@command -v bwrap >/dev/null 2>&1 || { \
-	  echo "installing bubblewrap (the kernel sandbox)" >&2; \
+	  echo "bubblewrap (the kernel sandbox) is missing: trying $(SUDO) apt-get install bubblewrap" >&2; \
 	  $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update >/dev/null 2>&1 && $(SUDO) apt-get install -y bubblewrap >/dev/null 2>&1; } || \
 	  echo "dataref: bubblewrap is not installed, so run_python cannot start kernels. Install it" \
