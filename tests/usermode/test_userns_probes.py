@@ -234,13 +234,18 @@ async def test_the_kernel_is_unprivileged_in_its_own_user_namespace(
     assert (await ok(alice, "print('back')")).strip() == "back"
 
 
-def test_doctor_as_this_account_reports_the_userns_mode_working(tmp_path: Path) -> None:
+async def test_doctor_as_this_account_reports_the_userns_mode_working(tmp_path: Path) -> None:
     import subprocess
 
     from ..conftest import DATAREF, child_env
 
-    done = subprocess.run(
-        [DATAREF, "doctor"], env=child_env(tmp_path), capture_output=True, text=True, timeout=120
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [DATAREF, "doctor"],
+        env=child_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "sandbox mode: userns" in done.stdout
