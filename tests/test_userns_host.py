@@ -3,6 +3,7 @@ Landlock, and the memory budget's arithmetic. No kernel is started here."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,35 @@ def test_the_memory_budget_counts_every_tmpfs_and_refuses_with_a_way_out() -> No
         budget.reserve("one-more")
     budget.release("k0")
     budget.reserve("one-more")
+
+
+def test_with_a_delegated_cgroup_each_userns_kernel_starts_in_its_own_limited_cgroup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files the kernel's cgroup gets, on a stand-in tree (this host has no cgroup v2
+    controllers to delegate, so the limits themselves are not exercised here)."""
+    from dataref.config import Settings
+    from dataref.kernels.sandbox import KernelBox, detect_runtime
+    from dataref.kernels.userns import userns_argv
+
+    delegated = tmp_path / "cg" / "user.slice" / "app.scope"
+    delegated.mkdir(parents=True)
+    groups = cgroups.KernelCgroups(delegated)
+    monkeypatch.setattr("dataref.kernels.userns.kernel_cgroups", lambda: groups)
+    settings = Settings(state_dir=tmp_path / "state")
+    box = KernelBox(
+        kernel_id="k1", root=tmp_path / "state" / "kernels" / "k1", uid=None, mode="userns"
+    )
+    box.create()
+    argv = userns_argv(box, detect_runtime(), settings, tmp_path / "seccomp.bpf", ["python"])
+    mine = delegated / "dataref-kernels" / "k1"
+    assert argv[4:8] == ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(mine)]
+    assert argv[8] == "/usr/bin/bwrap"
+    assert (mine / "memory.max").read_text() == str(kernel_footprint(settings.kernels))
+    assert (mine / "pids.max").read_text() == str(settings.kernels.max_processes)
+    assert (delegated / "dataref-server" / "cgroup.procs").read_text() == str(os.getpid())
+    assert (delegated / "cgroup.subtree_control").read_text() == "+memory +pids"
+    for name in ("memory.max", "pids.max"):
+        (mine / name).unlink()
+    groups.remove("k1")
+    assert not mine.exists()

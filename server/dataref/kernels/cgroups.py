@@ -8,6 +8,7 @@ namespace, so per kernel), RLIMIT_AS per process and the pool's memory budget.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,3 +68,58 @@ def _read(path: str) -> str:
         return Path(path).read_text()
     except OSError:
         return ""
+
+
+class KernelCgroups:
+    """Per-kernel cgroups in a delegated cgroup v2: ``memory.max`` (the kernel's footprint:
+    tmpfs pages are charged too) and ``pids.max``, so a fork bomb or a memory hog meets the
+    kernel's own cgroup. Layout under the delegated cgroup D::
+
+        D/dataref-server/    the server moves here (a cgroup that holds processes cannot
+                             hand controllers to its children)
+        D/dataref-kernels/<kernel_id>/   one per kernel; its launcher enters it before bwrap
+    """
+
+    def __init__(self, delegated: Path) -> None:
+        self.root = delegated
+        self.kernels = delegated / "dataref-kernels"
+        self._prepared = False
+
+    def prepare(self) -> None:
+        if self._prepared:
+            return
+        server = self.root / "dataref-server"
+        server.mkdir(exist_ok=True)
+        (server / "cgroup.procs").write_text(str(os.getpid()))
+        (self.root / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in NEEDED))
+        self.kernels.mkdir(exist_ok=True)
+        (self.kernels / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in NEEDED))
+        self._prepared = True
+
+    def create(self, kernel_id: str, memory_bytes: int, pids: int) -> Path:
+        """The kernel's cgroup (kept across restarts of the same kernel)."""
+        self.prepare()
+        path = self.kernels / kernel_id
+        path.mkdir(exist_ok=True)
+        (path / "memory.max").write_text(str(memory_bytes))
+        (path / "pids.max").write_text(str(pids))
+        return path
+
+    def enter_argv(self, path: Path) -> list[str]:
+        """A launcher prefix: every process bwrap forks starts inside the cgroup."""
+        return ["/bin/sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(path)]
+
+    def remove(self, kernel_id: str) -> None:
+        with contextlib.suppress(OSError):  # EBUSY while a process lingers: left for later
+            (self.kernels / kernel_id).rmdir()
+
+
+_delegated: dict[str, KernelCgroups | None] = {}
+
+
+def kernel_cgroups() -> KernelCgroups | None:
+    """This server's KernelCgroups when a delegated cgroup v2 exists, probed once."""
+    if "found" not in _delegated:
+        delegation = detect_delegation()
+        _delegated["found"] = KernelCgroups(delegation.path) if delegation.path else None
+    return _delegated["found"]

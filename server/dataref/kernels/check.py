@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..config import Settings
 from .budget import MemoryBudget
-from .cgroups import detect_delegation
+from .cgroups import detect_delegation, kernel_cgroups
 from .hostcheck import missing_for_userns
 from .sandbox import (
     BWRAP,
@@ -170,6 +170,8 @@ def _trial_run(settings: Settings, mode: str, report: SandboxReport) -> None:
         return
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        if mode == "userns" and (cgroups := kernel_cgroups()):
+            cgroups.remove("doctor")
     _judge_probe(proc, box.uid_inside, elapsed, mode, report)
 
 

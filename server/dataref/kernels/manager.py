@@ -19,6 +19,7 @@ from jupyter_client.ioloop import AsyncIOLoopKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from ..config import Settings
+from .cgroups import kernel_cgroups
 from .sandbox import KernelBox, Runtime, bwrap_argv, ipykernel_argv, kernel_env
 from .uids import is_socket_of
 
@@ -118,6 +119,8 @@ class SandboxedKernelManager(AsyncIOLoopKernelManager):
         await super()._async_cleanup_resources(restart=restart)
         if not restart and self._log is not None:
             self._log.close()
+        if not restart and self.box.mode == "userns" and (cgroups := kernel_cgroups()):
+            cgroups.remove(self.box.kernel_id)
 
     # -- the run dir guard (recipe pitfall 6) -------------------------------------------------
 

@@ -17,10 +17,13 @@ namespace, Landlock, seccomp and the PID namespace do.
 from __future__ import annotations
 
 import functools
+import logging
 from pathlib import Path
 
 from ..config import Settings
 from . import landlock
+from .budget import kernel_footprint
+from .cgroups import kernel_cgroups
 from .sandbox import (
     BWRAP,
     SANDBOX,
@@ -34,6 +37,7 @@ from .sandbox import (
 )
 
 LANDLOCK_INSIDE = "/opt/dataref/landlock.py"
+log = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -52,9 +56,8 @@ def userns_argv(
     settings: Settings,
     seccomp_file: Path,
     inner: list[str],
-    cgroup_enter: list[str] | None = None,
 ) -> list[str]:
-    args = ["/bin/sh", "-c", 'exec "$@" 9< "$0"', str(seccomp_file), *(cgroup_enter or [])]
+    args = ["/bin/sh", "-c", 'exec "$@" 9< "$0"', str(seccomp_file), *_cgroup_enter(box, settings)]
     args += [BWRAP, "--unshare-user", "--disable-userns"]
     args += ["--uid", str(UID_INSIDE), "--gid", str(UID_INSIDE), "--cap-drop", "ALL"]
     args += namespace_args()
@@ -68,6 +71,22 @@ def userns_argv(
 
 
 WRITABLE_INSIDE = (SANDBOX, "/tmp", "/dev/shm")
+
+
+def _cgroup_enter(box: KernelBox, settings: Settings) -> list[str]:
+    """With a delegated cgroup v2, the kernel starts in a cgroup of its own; without one (or if
+    it cannot be set up) the rlimits and the pool's memory budget are the limits."""
+    cgroups = kernel_cgroups()
+    if cgroups is None:
+        return []
+    k = settings.kernels
+    try:
+        return cgroups.enter_argv(
+            cgroups.create(box.kernel_id, kernel_footprint(k), k.max_processes)
+        )
+    except OSError as exc:
+        log.warning("kernel %s: no cgroup (%s); rlimits only", box.kernel_id, exc)
+        return []
 
 
 def landlock_argv(box: KernelBox, runtime: Runtime) -> list[str]:
