@@ -26,6 +26,10 @@ tokens = {{ {tokens} }}
 [kernels]
 warm_spares = 1
 max_total = {max_total}
+# small kernels for a trivial workload: the memory budget (75% of RAM by default) must admit
+# one per owner plus the spare without overcommit
+memory_bytes = 1073741824
+work_bytes = 134217728
 """
 
 

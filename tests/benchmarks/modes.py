@@ -1,5 +1,6 @@
-"""Both sandbox modes through `dataref serve` over stdio: uid mode (this root process's server)
-beside userns mode (the same server run as an ordinary account, from a venv it owns).
+"""Both sandbox modes through `dataref serve` over stdio: uid mode (the server run by root)
+beside userns mode (the same server run as an ordinary account). Both run the account's copy
+of the checkout and its venv, so the interpreter and the code are the same.
 
 Measured per mode: the first call of a new notebook (a warm spare is ready) and the warm
 per-call time of a trivial ``run_python``. The account and its venv come from
@@ -23,7 +24,7 @@ from fastmcp.client.transports import StdioTransport
 from .data import REPO_ROOT
 
 ACCOUNT = os.environ.get("DATAREF_TEST_USER", "dataref-user")
-FIRST_CALLS = 5
+FIRST_CALLS = 8
 WARM_CALLS = 40
 SPARE_WAIT_S = 6.0  # after each new notebook: the pool starts the next spare
 
@@ -36,40 +37,58 @@ def _server(mode: str, state: Path) -> StdioTransport:
         "DATAREF_KERNELS__WARM_SPARES": "1",
         "DATAREF_OWNER": "bench",
     }
-    if mode == "uid":
-        return StdioTransport(str(REPO_ROOT / ".venv" / "bin" / "dataref"), ["serve"], env=env)
     home = pwd.getpwnam(ACCOUNT).pw_dir
+    dataref = f"{home}/dataref/.venv/bin/dataref"  # one interpreter and venv for both modes
+    if mode == "uid":
+        return StdioTransport(dataref, ["serve"], env=env)
     env["HOME"] = home
     command = ["-u", ACCOUNT, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items())]
-    command.append(f"{home}/dataref/.venv/bin/dataref")
+    command.append(dataref)
     return StdioTransport("runuser", [*command, "serve"], env={"PATH": "/usr/sbin:/usr/bin"})
 
 
-async def _call(client: Client, notebook: str) -> tuple[float, str]:
+async def _call(client: Client, notebook: str, code: str = "result = 1") -> tuple[float, Any]:
     started = time.perf_counter()
-    result = await client.call_tool("run_python", {"code": "result = 1", "notebook": notebook})
+    result = await client.call_tool("run_python", {"code": code, "notebook": notebook})
     seconds = time.perf_counter() - started
     data = result.structured_content or {}
     if not data.get("ok"):
         raise RuntimeError(f"run_python failed: {data}")
+    return seconds, data
+
+
+async def _first_call(client: Client, previous: str) -> tuple[float, str]:
+    if previous:  # frees its kernel: the memory budget admits a handful at once
+        await client.call_tool("reset_kernel", {"notebook": previous})
+    seconds, data = await _call(client, "new")
     return seconds, data["notebook"]
 
 
-async def measure(mode: str, state: Path) -> dict[str, Any]:
-    async with Client(_server(mode, state), timeout=300) as client:
-        await asyncio.sleep(SPARE_WAIT_S)  # the first spare
-        first = []
-        handle = ""
+async def measure(states: dict[str, Path]) -> dict[str, Any]:
+    """Both servers at once, their calls interleaved: load on the machine hits both alike."""
+    modes = list(states)
+    out: dict[str, Any] = {m: {"first_call": [], "per_call": []} for m in modes}
+    async with (
+        Client(_server(modes[0], states[modes[0]]), timeout=300) as a,
+        Client(_server(modes[1], states[modes[1]]), timeout=300) as b,
+    ):
+        clients = dict(zip(modes, (a, b), strict=True))
+        await asyncio.sleep(SPARE_WAIT_S)  # the first spares
+        handles = dict.fromkeys(modes, "")
         for _ in range(FIRST_CALLS):
-            if handle:  # frees its kernel: the memory budget admits a handful at once
-                await client.call_tool("reset_kernel", {"notebook": handle})
-            seconds, handle = await _call(client, "new")
-            first.append(seconds)
+            for mode, client in clients.items():
+                seconds, handles[mode] = await _first_call(client, handles[mode])
+                out[mode]["first_call"].append(seconds)
             await asyncio.sleep(SPARE_WAIT_S)
-        for _ in range(5):
-            await _call(client, handle)
-        warm = [(await _call(client, handle))[0] for _ in range(WARM_CALLS)]
-    return {"first_call": first, "per_call": warm}
+        for mode, client in clients.items():
+            _, data = await _call(client, handles[mode], "import sys; result = sys.version")
+            out[mode]["python"] = data["result"].split()[0]
+            for _ in range(5):
+                await _call(client, handles[mode])
+        for _ in range(WARM_CALLS):
+            for mode, client in clients.items():
+                out[mode]["per_call"].append((await _call(client, handles[mode]))[0])
+    return out
 
 
 def prepare_account() -> None:
@@ -81,15 +100,15 @@ async def sandbox_modes(work: Path) -> dict[str, Any]:
     if os.geteuid() != 0:
         return {"error": "run as root: the userns column runs the server as another account"}
     await asyncio.to_thread(prepare_account)
-    out: dict[str, Any] = {}
+    states = {}
     for mode in ("uid", "userns"):
-        state = work / f"modes-{mode}"
-        state.mkdir(parents=True)
-        if mode == "userns":
-            account = pwd.getpwnam(ACCOUNT)
-            os.chown(state, account.pw_uid, account.pw_gid)
-            os.chmod(work, 0o711)
-        out[mode] = await measure(mode, state)
-        out[mode]["p50_first"] = statistics.median(out[mode]["first_call"])
-        out[mode]["p50_per_call"] = statistics.median(out[mode]["per_call"])
+        states[mode] = work / f"modes-{mode}"
+        states[mode].mkdir(parents=True)
+    account = pwd.getpwnam(ACCOUNT)
+    os.chown(states["userns"], account.pw_uid, account.pw_gid)
+    os.chmod(work, 0o711)
+    out = await measure(states)
+    for numbers in out.values():
+        numbers["p50_first"] = statistics.median(numbers["first_call"])
+        numbers["p50_per_call"] = statistics.median(numbers["per_call"])
     return out

@@ -249,7 +249,9 @@ def user_mode(v: View) -> Verdict:
         f"({times(warm)})",
         passed,
         modes.get("error", "")
-        or "userns mode adds the Landlock launcher (one more Python start per kernel start)",
+        or f"both servers ran at once from the same venv (Python {uid.get('python', '?')}), "
+        "their calls interleaved. A warm call crosses the same sandbox in both modes (Landlock "
+        "adds path checks to file opens only); a new notebook takes a warm spare in both",
     )
 
 
