@@ -213,7 +213,7 @@ async def test_outputs_are_read_without_following_the_kernels_symlinks(
         "except PermissionError:\n    out = 'refused'",
     )
     if how == "refused":  # Landlock (userns mode): plant them from outside, as an escape would
-        assert pool.mode == "userns"
+        assert pool.backend.mode == "userns"
         os.symlink(secret, kernel.outputs_dir / "c1" / "x.arrow")
         os.symlink("/", kernel.outputs_dir / "c2")
     with kernel.open_output("c1", "ok.arrow", 100) as f:
@@ -246,7 +246,7 @@ async def test_a_second_server_on_the_same_state_dir_leaves_live_kernels_alone(
 async def test_the_sandbox_check_passes_here(pool: KernelPool) -> None:
     report = await asyncio.to_thread(check_sandbox, pool.settings)
     assert report.ok, report.problems
-    assert any(f"{pool.mode} sandbox works: a probe ran" in line for line in report.details)
+    assert any(f"{pool.backend.mode} sandbox works: a probe ran" in line for line in report.details)
 
 
 async def test_the_pool_refuses_to_start_without_bubblewrap(

@@ -62,12 +62,12 @@ async def test_the_kernel_runs_as_its_own_unprivileged_uid_and_two_kernels_diffe
         "       os.readlink('/proc/self/ns/user')]"
     )
     a, b = await probe(alice, code), await probe(bob, code)
-    if pool.mode == "uid":  # a host uid of its own
+    if pool.backend.mode == "uid":  # a host uid of its own
         assert a[0] == a[1] == a[2] == alice.uid and 62000 <= a[0] < 62050
         assert b[0] == bob.uid and a[0] != b[0]
         assert a[3] == []
     else:  # uid 1000 of a user namespace of its own (the server's is not theirs)
-        assert pool.mode == "userns"
+        assert pool.backend.mode == "userns"
         assert a[0] == a[1] == a[2] == b[0] == 1000
         assert a[7] != b[7] and a[7] != os.readlink("/proc/self/ns/user")
     assert a[4] == a[5] == "0000000000000000"
@@ -404,7 +404,7 @@ async def test_the_memory_budget_admits_kernels_only_while_their_limits_fit(
     config.kernels.memory_budget_bytes = 2 * each + each // 2  # room for two, not three
     small = await started_pool(config)
     try:
-        assert small.budget.capacity == 2
+        assert small.backend.budget.capacity == 2
         await small.kernel("a", "nb1")
         await small.kernel("b", "nb1")
         with pytest.raises(LimitExceeded, match="memory budget"):

@@ -60,7 +60,7 @@ async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Kernel
     os.environ["DATAREF_TEST_SERVER_SECRET"] = SECRET
     config = kernel_settings(tmp_path_factory.mktemp("uns"), sandbox="userns", work_bytes=64 * MiB)
     the_pool = await started_pool(config)
-    assert the_pool.mode == "userns"
+    assert the_pool.backend.mode == "userns"
     yield the_pool
     await the_pool.close()
     os.environ.pop("DATAREF_TEST_SERVER_SECRET", None)
