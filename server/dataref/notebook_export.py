@@ -82,6 +82,7 @@ def export_for_owner(
     becomes a download link of the same kind as ``export_data``'s, valid for the owner only.
     """
     nb = export_notebook(transcripts, owner, handle)
+    transcripts.materialise(owner, handle)  # the transcript file catches up with the journal
     info: dict[str, Any] = {"notebook": handle, "cells": len(nb.cells)}
     if base_url is None:
         path = write_notebook(nb, transcripts.root / "exports" / f"{handle}.ipynb")
@@ -117,6 +118,7 @@ def cli_export(settings: Settings, notebook: str, out: str | None, owner: str | 
         else:
             handle = transcripts.resolve(owner, notebook)
         nb = export_notebook(transcripts, owner, handle)
+        transcripts.materialise(owner, handle)
     except DatarefError as exc:
         print(f"dataref: {exc}", file=sys.stderr)
         return 1

@@ -1,13 +1,15 @@
 """Notebook handles and their transcripts: every call becomes a cell of an nbformat notebook.
 
 A notebook handle (``nb_<random>``) is owner-scoped like a dataRef: one kernel plus one
-transcript. Each transcript is an nbformat v4 file, rewritten atomically after every call,
-so it survives a restart and keeps growing afterwards.
+transcript. Each call appends its cells to the notebook's journal (``journal.py``: one
+durable insert, whatever the notebook's length), so a transcript survives a crash and keeps
+growing after a restart. The nbformat v4 file is materialised from the journal on export, at
+shutdown, and at the next start after a crash.
 
 A cell's metadata (``metadata.dataref``) is the record of its call: the tool, its arguments
 or code, the dataRefs it read and made, its status and timing; never rows, samples or
-results. Code is derived from these records (``cells.SourceWriter``) every time a call is
-added, so the variable names stay consistent across the whole notebook.
+results. Code is derived from these records (``cells.SourceWriter``) whenever the notebook
+is read or materialised, so the variable names stay consistent across the whole notebook.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
 from .files import remove_stale_parts, write_atomic
+from .journal import Journal
 
 HANDLE_BYTES = 16
 _HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
@@ -46,7 +49,7 @@ def unknown_notebook(handle: str) -> NotFound:
 
 
 class Transcripts:
-    """Owns notebook handles (SQLite) and their notebook files."""
+    """Owns notebook handles (SQLite), their journals of cells and their notebook files."""
 
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
@@ -56,6 +59,7 @@ class Transcripts:
         self._lock = threading.RLock()
         self._db = sqlite3.connect(self.root / "notebooks.sqlite", check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")  # an acknowledged cell is on the disk
         self._db.executescript(
             """CREATE TABLE IF NOT EXISTS notebooks (
                    handle TEXT PRIMARY KEY, owner TEXT NOT NULL, created REAL NOT NULL,
@@ -63,18 +67,40 @@ class Transcripts:
                CREATE UNIQUE INDEX IF NOT EXISTS one_default
                    ON notebooks(owner) WHERE is_default = 1;"""
         )
+        self._journal = Journal(self._db)
         # Notebooks this process has written to: the first call after a restart gets a note,
         # because the server's kernels (and their variables) did not survive it.
         self._touched: set[str] = set()
-        # handle -> (file identity when we last wrote or read it, the notebook): saves parsing
-        # the whole file on every call; another process writing it changes the identity.
-        self._cache: dict[str, tuple[tuple[int, int], nbformat.NotebookNode]] = {}
-        # Called with a handle after each write (the page's live feed listens here).
+        self._owners: dict[str, str] = {}  # handle -> owner, once checked (never changes)
+        # handle -> the notebook built from its journal so far (grown, never rebuilt)
+        self._books: dict[str, nbformat.NotebookNode] = {}
+        # Called with a handle after each append (the page's live feed listens here).
         self.listeners: list[Callable[[str], None]] = []
+        self._recover()
 
     def close(self) -> None:
+        """Materialise the notebook files that fell behind their journal, then close."""
         with self._lock:
-            self._db.close()
+            try:
+                for handle in self._journal.behind():
+                    self._materialise(handle)
+            finally:
+                self._db.close()
+
+    def _recover(self) -> None:
+        """Journal the notebooks written before the journal existed (their file is their
+        record), and write the files a crash left behind their journal."""
+        with self._lock:
+            legacy = self._db.execute(
+                "SELECT handle FROM notebooks WHERE handle NOT IN (SELECT handle FROM cells)"
+            ).fetchall()
+            for (handle,) in legacy:
+                path = self._path(handle)
+                if path.is_file():
+                    cells = nbformat.read(path, as_version=4).cells
+                    self._journal.mark_materialised(handle, self._journal.append(handle, cells))
+            for handle in self._journal.behind():
+                self._materialise(handle)
 
     # -- handles ---------------------------------------------------------------
 
@@ -87,12 +113,15 @@ class Transcripts:
             return self.new(owner)
         if not isinstance(handle, str) or not _HANDLE.fullmatch(handle):
             raise unknown_notebook(repr(handle)[1:-1])  # not even shaped like a handle
+        if self._owners.get(handle) == owner:
+            return handle
         with self._lock:
             row = self._db.execute(
                 "SELECT 1 FROM notebooks WHERE handle = ? AND owner = ?", (handle, owner)
             ).fetchone()
         if row is None:
             raise unknown_notebook(str(handle))
+        self._owners[handle] = owner
         return handle
 
     def default(self, owner: str, *, create: bool = True) -> str:
@@ -116,11 +145,11 @@ class Transcripts:
         self._db.execute(
             "INSERT INTO notebooks VALUES (?,?,?,?)", (handle, owner, time.time(), int(is_default))
         )
-        nb = new_notebook(metadata=_notebook_metadata(handle))
-        nb.cells.append(new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}}))
-        nb.cells.append(new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}}))
-        self._write(handle, nb)
+        intro = new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}})
+        setup = new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}})
+        self._journal.append(handle, [intro, setup])  # commits the notebook's row too
         self._touched.add(handle)
+        self._owners[handle] = owner
         return handle
 
     def handles(self, owner: str) -> list[str]:
@@ -133,56 +162,57 @@ class Transcripts:
     # -- cells -----------------------------------------------------------------
 
     def read(self, owner: str, handle: str) -> nbformat.NotebookNode:
-        """A copy of the stored notebook (callers may change it freely)."""
+        """A copy of the notebook as recorded so far (callers may change it freely)."""
         with self._lock:
-            return copy.deepcopy(self._load(owner, handle))
+            self.resolve(owner, handle)
+            return copy.deepcopy(self._notebook(handle))
 
-    def _load(self, owner: str, handle: str) -> nbformat.NotebookNode:
-        self.resolve(owner, handle)
-        path = self._path(handle)
-        identity = _identity(path)
-        cached = self._cache.get(handle)
-        if cached is not None and cached[0] == identity:
-            return cached[1]
-        nb = nbformat.read(path, as_version=4)
-        self._cache[handle] = (identity, nb)
+    def _notebook(self, handle: str) -> nbformat.NotebookNode:
+        """The notebook built from the journal: only cells added since the last build are
+        read; code sources are derived from all records again (they depend on each other)."""
+        nb = self._books.get(handle)
+        if nb is None:
+            nb = self._books[handle] = new_notebook(metadata=_notebook_metadata(handle))
+        added = self._journal.read(handle, len(nb.cells))
+        if added:
+            nb.cells.extend(nbformat.from_dict(cell) for cell in added)
+            refresh_sources(nb)
         return nb
 
     def append(self, owner: str, handle: str, *cells: nbformat.NotebookNode) -> int:
-        """Append cells, re-derive every code source, persist; returns the notebook's length."""
+        """Journal cells (durably, one insert whatever the notebook's length); returns the
+        notebook's length. Sources are derived when the notebook is read or materialised."""
         with self._lock:
-            nb = self._load(owner, handle)  # changed in place; _write drops it on failure
+            self.resolve(owner, handle)
+            added = list(cells)
             if handle not in self._touched:
                 self._touched.add(handle)
-                if any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
-                    nb.cells.append(_restart_note())
-            nb.cells.extend(cells)
-            refresh_sources(nb)
-            self._write(handle, nb)
-            return len(nb.cells)
+                if self._journal.has_calls(handle):
+                    added.insert(0, _restart_note())
+            length = self._journal.append(handle, added)
+        for listener in list(self.listeners):
+            with contextlib.suppress(Exception):  # a listener never fails a call
+                listener(handle)
+        return length
+
+    def materialise(self, owner: str, handle: str) -> Path:
+        """Write the notebook file of ``handle`` from its journal; returns its path."""
+        with self._lock:
+            self.resolve(owner, handle)
+            return self._materialise(handle)
 
     def _path(self, handle: str) -> Path:
         return self.root / f"{handle}.ipynb"
 
-    def _write(self, handle: str, nb: nbformat.NotebookNode) -> None:
-        """Atomic rewrite: a crash leaves the previous complete notebook."""
+    def _materialise(self, handle: str) -> Path:
+        """Atomic rewrite: a crash leaves the previous complete file (and the journal)."""
+        nb = self._notebook(handle)
         path = self._path(handle)
-        try:
-            # Compact JSON (the C encoder) and no re-validation of the whole notebook on every
-            # call: cells are built only with nbformat's constructors, and exports validate.
-            write_atomic(path, json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n")
-            self._cache[handle] = (_identity(path), nb)
-        except BaseException:
-            self._cache.pop(handle, None)  # the file still holds the previous notebook
-            raise
-        for listener in list(self.listeners):
-            with contextlib.suppress(Exception):  # a listener never fails a call
-                listener(handle)
-
-
-def _identity(path: Path) -> tuple[int, int]:
-    info = path.stat()
-    return info.st_mtime_ns, info.st_size
+        # Compact JSON (the C encoder) and no re-validation of the whole notebook: cells are
+        # built only with nbformat's constructors, and exports validate.
+        write_atomic(path, json.dumps(nb, sort_keys=True, ensure_ascii=False) + "\n")
+        self._journal.mark_materialised(handle, len(nb.cells))
+        return path
 
 
 INTRO = """\
