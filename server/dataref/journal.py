@@ -1,8 +1,9 @@
 """The append-only journal of notebook cells: the source of truth of every transcript.
 
 One row per cell, ``cells(handle, seq, cell)``, in the transcript index's SQLite database
-(WAL, ``synchronous=FULL``): recording a call is one small insert, whatever the notebook's
-length, and a cell whose call was acknowledged survives a crash (SIGKILL, power loss).
+(WAL, ``synchronous=NORMAL``): recording a call is one small insert, whatever the notebook's
+length, and a cell whose call was acknowledged survives a crash of the server (SIGKILL, OOM);
+a power cut can lose the cells since the last WAL checkpoint, never the journal's consistency.
 Notebook files are materialised from the journal (``Transcripts.materialise``); the journal
 is never rewritten. A state engine other than SQLite needs the same append-only table.
 
