@@ -117,7 +117,7 @@ def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas()
+        frame = read_arrow(path).to_pandas(split_blocks=True)  # as the kernel loads it
         samples.append(time.perf_counter() - started)
         del frame
     return samples
@@ -143,7 +143,7 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"load": [], "first": [], "again": []}
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas()
+        frame = read_arrow(path).to_pandas(split_blocks=True)  # as the kernel loads it
         out["load"].append(time.perf_counter() - started)
         for key in ("first", "again"):
             namespace: dict[str, Any] = {"sales": frame, "outputs": {}}
@@ -153,3 +153,13 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
         del frame, namespace
         gc.collect()  # free this rep's frames before the next rep
     return out
+
+
+async def long_notebook(meter: Meter, calls: int) -> list[float]:
+    """``run_python("result = 1")`` ``calls`` times in a fresh notebook: does a call get slower
+    as the notebook grows? (Each call adds a cell.)"""
+    first = check(await meter.call("run_python", {"code": TRIVIAL_CODE, "notebook": "new"}))
+    args = {"code": TRIVIAL_CODE, "notebook": first.data["notebook"]}
+    return [first.seconds] + [
+        check(await meter.call("run_python", args)).seconds for _ in range(calls - 1)
+    ]
