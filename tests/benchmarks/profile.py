@@ -35,11 +35,11 @@ async def profile_calls(work: Path, calls: int = 200) -> dict[str, Any]:
         await asyncio.to_thread(wait_workers_idle, sampler.root, 1)
         for _ in range(20):  # warm: the kernel, the notebook, the server's first-call paths
             check(await meter.call("run_python", {"code": TRIVIAL_CODE}))
+        argv = [str(VENV_BIN / "py-spy"), "record", "--pid", str(sampler.root), "--rate",
+                str(RATE_HZ), "--format", "raw", "--threads", "--gil", "--nonblocking"]  # fmt: skip
         spy = subprocess.Popen(
-            [str(VENV_BIN / "py-spy"), "record", "--pid", str(sampler.root), "--rate",
-             str(RATE_HZ), "--format", "raw", "--threads", "--gil", "--nonblocking", "-o", str(raw)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        )  # fmt: skip
+            [*argv, "-o", str(raw)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         await asyncio.sleep(1.0)  # py-spy attaches
         started = time.perf_counter()
         for _ in range(calls):

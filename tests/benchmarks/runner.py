@@ -19,6 +19,7 @@ from .data import cache_dir, load_sales, sales_path, wide_path
 from .diagnostics import server_side
 from .memory import PeakSampler, cpu_seconds, wait_workers_idle
 from .naive_server import rows_json_bytes
+from .profile import profile_calls
 from .rawkernel import raw_kernel_round_trips
 from .sources import sql_sources
 from .workloads import (
@@ -26,8 +27,10 @@ from .workloads import (
     Scale,
     SessionRun,
     article_session,
+    bind_memory,
     compare_qoq,
     inproc_mmap_reads,
+    long_notebook,
     staging,
     trivial_calls,
 )
@@ -35,6 +38,8 @@ from .workloads import (
 SERVERS = ("dataref", "seed", "naive")
 SESSION_REPS = {"50k": 5, "1M": 3, "5M": 3}
 TRIVIAL_CALLS = 50
+LONG_NOTEBOOK_CALLS = 1000
+PROFILE_CALLS = 200
 STAGING = {"rows": 1_000_000, "cols": 10, "reps": 8}
 COMPUTE_REPS = 5
 
@@ -94,12 +99,16 @@ async def extras(
         ]
         if name == "dataref":  # the MCP round trip of a tool that does no kernel work
             out["mcp_floor"] = [(await meter.call("list_artifacts")).seconds for _ in range(30)]
+            log(f"dataref: {LONG_NOTEBOOK_CALLS} trivial calls in one new notebook")
+            out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS)
     if scale.label == "1M":
         log(f"{name}: staging a 1M x 10 artifact")
         out["staging"] = await staging(meter, STAGING["rows"], STAGING["cols"], STAGING["reps"])
     if scale.label == "5M" and name == "dataref":
-        log("dataref: QoQ on the bound 5M input, alternating with in-process pandas")
         ref = runs[-1].steps["fetch"].data["dataRef"]
+        log("dataref: a fresh kernel's memory before and after binding the 5M input")
+        out["bind_memory"] = await bind_memory(meter, ref)
+        log("dataref: QoQ on the bound 5M input, alternating with in-process pandas")
         out["qoq"] = await compare_qoq(meter, ref, sales_path(5_000_000), COMPUTE_REPS)
     return out
 
@@ -200,6 +209,14 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         except Exception as exc:
             log(f"SQL sources: FAILED: {exc}")
             sources = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    profile = None
+    if "dataref" in servers:
+        log(f"py-spy on the server during {PROFILE_CALLS} warm calls")
+        try:
+            profile = await profile_calls(work, PROFILE_CALLS)
+        except Exception as exc:
+            log(f"profile: FAILED: {exc}")
+            profile = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     inproc = await asyncio.to_thread(in_process, scales)
     diagnostics = await asyncio.to_thread(server_side, work) if "dataref" in servers else {}
     return {
@@ -209,6 +226,7 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         "servers": by_server,
         "multi_owner": multi,
         "sql_sources": sources,
+        "profile": profile,
         "in_process": inproc,
         "diagnostics": diagnostics,
         "duration_s": time.perf_counter() - started,

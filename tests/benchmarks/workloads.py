@@ -113,7 +113,7 @@ async def staging(meter: Meter, rows: int, cols: int, reps: int) -> dict[str, li
 
 def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
     """The in-process floor of staging: what a kernel does to bind an input (Arrow
-    memory-map read + ``to_pandas``, numeric columns consolidated), in this process."""
+    memory-map read + ``to_pandas``, one block per column), in this process."""
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
@@ -163,3 +163,25 @@ async def long_notebook(meter: Meter, calls: int) -> list[float]:
     return [first.seconds] + [
         check(await meter.call("run_python", args)).seconds for _ in range(calls - 1)
     ]
+
+
+# What a kernel reports about itself: peak and current RSS (KiB) and, given a ref, the size
+# of that staged input's Arrow file.
+_KERNEL_MEMORY = """\
+import os as _os
+_status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+result = {k: int(_status[k].split()[0]) for k in ("VmHWM", "VmRSS")}
+if REF:
+    _dir = _os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs")
+    result["arrow_bytes"] = _os.path.getsize(_os.path.join(_dir, REF + ".arrow"))
+"""
+
+
+async def bind_memory(meter: Meter, ref: str) -> dict[str, Any]:
+    """A fresh kernel's peak RSS before and after binding ``ref`` (nothing else runs)."""
+    idle = {"code": _KERNEL_MEMORY.replace("REF", '""'), "notebook": "new"}
+    before = check(await meter.call("run_python", idle))
+    code = _KERNEL_MEMORY.replace("REF", repr(ref))
+    args = {"code": code, "inputs": {"sales": ref}, "notebook": before.data["notebook"]}
+    bound = check(await meter.call("run_python", args))
+    return {"before": before.data["result"], "bound": bound.data["result"]}
