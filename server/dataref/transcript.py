@@ -75,6 +75,7 @@ class Transcripts:
         # because the server's kernels (and their variables) did not survive it.
         self._touched: set[str] = set()
         self._owners: dict[str, str] = {}  # handle -> owner, once checked (never changes)
+        self._defaults: dict[str, str] = {}  # owner -> default handle, once known
         # handle -> the notebook built from its journal so far (grown, never rebuilt)
         self._books: dict[str, nbformat.NotebookNode] = {}
         # Called with a handle after each append (the page's live feed listens here).
@@ -129,6 +130,13 @@ class Transcripts:
 
     def default(self, owner: str, *, create: bool = True) -> str:
         """The owner's default notebook, created on first use (or NotFound if not ``create``)."""
+        if owner in self._defaults:
+            return self._defaults[owner]
+        handle = self._default(owner, create)
+        self._defaults[owner], self._owners[handle] = handle, owner
+        return handle
+
+    def _default(self, owner: str, create: bool) -> str:
         with self._lock, self._db:
             row = self._db.execute(
                 "SELECT handle FROM notebooks WHERE owner = ? AND is_default = 1", (owner,)
