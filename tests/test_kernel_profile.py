@@ -99,6 +99,18 @@ async def test_a_frame_kept_after_its_name_is_rebound_can_still_be_written(
     assert result.stdout.strip() == "[1, 2, 3, 4]"  # the stored input is untouched
 
 
+async def test_an_input_nothing_uses_any_more_is_unmapped(kernel: NotebookKernel) -> None:
+    stage(kernel, "data_passing", pa.table({"v": list(range(1000))}))
+    maps = "print('data_passing.arrow' in open('/proc/self/maps').read())"
+    result, _ = await cell(kernel, "view = p[['v']]\n" + maps, {"p": "data_passing"})
+    assert result.stdout.strip() == "True"
+    result, _ = await cell(kernel, maps, {"p": "data_other"})  # `view` still shares its data
+    assert result.stdout.strip() == "True"
+    await ok(kernel, "del view")
+    result, _ = await cell(kernel, maps, {})
+    assert result.stdout.strip() == "False"
+
+
 async def test_a_successful_cell_returns_its_manifest_in_the_execute_reply(
     kernel: NotebookKernel,
 ) -> None:

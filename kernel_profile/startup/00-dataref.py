@@ -67,7 +67,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     max_figures = 20
     bound = {}  # name -> (ref, pristine frame, weakref to the frame the agent got)
     staged = {}  # ref -> pyarrow.Buffer: tables sent over the kernel's channel (lib/transfer.py)
-    pinned = {}  # ref -> its pristine frame, for the kernel's life (see load)
+    pinned = {}  # ref -> its pristine frame, while any frame made from it lives (see load)
     state = {"cell": None, "bind_error": None, "manifest": None, "reply_manifest": False}
 
     class DatarefInputError(InputRejected):
@@ -81,11 +81,11 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         (``split_blocks``), so numeric columns stay read-only views of the mapping and strings
         stay Arrow-backed. Same dtypes and values as a plain ``to_pandas()``, but binding 5M
         rows adds about the Arrow size to the kernel instead of twice that, and the first
-        query does not fault in fresh copies (5M rows, new process: load + first QoQ 0.36 s
-        instead of 0.7-1.0 s). The agent only ever gets shallow copies of this pristine frame,
-        and it stays alive (``pinned``), so pandas' copy-on-write always sees a reference and
-        copies a column before the agent's code writes to it: writes never hit the read-only
-        mapping, even in a frame kept after its name was bound to something else."""
+        query does not fault in fresh copies. The agent only ever gets shallow copies of this
+        pristine frame, and it stays alive (``pinned``) as long as any frame sharing its data
+        does, so pandas' copy-on-write always sees a reference and copies a column before the
+        agent's code writes to it: writes never hit the read-only mapping, even in a frame
+        kept after its name was bound to something else."""
         if isinstance(source, pa.Buffer):
             source = pa.BufferReader(source)
         return pa.ipc.open_file(source).read_all().to_pandas(split_blocks=True)
@@ -109,6 +109,19 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         frame = pristine.copy(deep=False)
         bound[name] = (ref, pristine, weakref.ref(frame))
         ns[name] = frame
+
+    def release():
+        """Unpin the inputs no name is bound to and no frame of the agent shares data with
+        (their mappings then close): a kernel's memory and address space follow what the
+        agent's code still uses, not every input it ever bound."""
+        current = {entry[0] for entry in bound.values()}
+        for ref in [r for r in pinned if r not in current]:
+            try:
+                shared = any(b.refs.has_reference() for b in pinned[ref]._mgr.blocks)
+            except AttributeError:  # another pandas: keep it pinned, never risk a write
+                continue
+            if not shared:
+                del pinned[ref]
 
     def begin():
         """Forget the previous cell's result, outputs and figures."""
@@ -288,6 +301,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
             except Exception as exc:
                 state["bind_error"] = f"input {name!r} could not be loaded: {exc}"
                 return
+        release()
 
     def post_run_cell(result):
         cell, state["cell"] = state["cell"], None
