@@ -59,7 +59,20 @@ def call_rows(v: View) -> list[list[str]]:
          *stat_cells(v.srv("dataref", "50k", "mcp_floor")), "–", "–", "", ""],
         ["first call of a new notebook (warm spare)", *stat_cells(first), *stat_cells(s_call),
          f"raw kernel cold start {ms(median(cold))}", _versus(first, s_call)],
+        *side_by_side_rows(v),
         *long_notebook_rows(v),
+    ]  # fmt: skip
+
+
+def side_by_side_rows(v: View) -> list[list[str]]:
+    sbs = v.srv("dataref", "50k", "side_by_side") or {}
+    if not sbs.get("dataref"):
+        return []
+    floor = median(sbs["raw"]) + median(sbs["mcp"])
+    return [
+        ['interleaved: `run_python("result = 1")`', *stat_cells(sbs["dataref"]), "–", "–",
+         f"raw kernel {ms(median(sbs['raw']))} + MCP {ms(median(sbs['mcp']))}",
+         f"{times(ratio(median(sbs['dataref']), floor))} the sum"],
     ]  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from .workloads import (
     compare_qoq,
     inproc_mmap_reads,
     long_notebook,
+    side_by_side,
     staging,
     trivial_calls,
 )
@@ -99,6 +100,8 @@ async def extras(
         ]
         if name == "dataref":  # the MCP round trip of a tool that does no kernel work
             out["mcp_floor"] = [(await meter.call("list_artifacts")).seconds for _ in range(30)]
+            log("dataref: trivial calls, no-kernel calls and raw round trips, interleaved")
+            out["side_by_side"] = await side_by_side(meter)
             log(f"dataref: {LONG_NOTEBOOK_CALLS} trivial calls in one new notebook")
             out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS)
     if scale.label == "1M":
@@ -169,9 +172,9 @@ async def bench_scales(
 def in_process(scales: list[Scale]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if any(s.label == "1M" for s in scales):
-        out["mmap_read"] = inproc_mmap_reads(
-            wide_path(STAGING["rows"], STAGING["cols"]), STAGING["reps"]
-        )
+        wide = wide_path(STAGING["rows"], STAGING["cols"])
+        out["mmap_read"] = inproc_mmap_reads(wide, STAGING["reps"])
+        out["mmap_read_split"] = inproc_mmap_reads(wide, STAGING["reps"], split_blocks=True)
     return out
 
 

@@ -111,13 +111,13 @@ async def staging(meter: Meter, rows: int, cols: int, reps: int) -> dict[str, li
     return out
 
 
-def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
-    """The in-process floor of staging: what a kernel does to bind an input (Arrow
-    memory-map read + ``to_pandas``, one block per column), in this process."""
+def inproc_mmap_reads(path: Path, reps: int, **options: Any) -> list[float]:
+    """The in-process floor of staging: an Arrow memory-map read + ``to_pandas(**options)``
+    in this process (the kernel binds with ``split_blocks=True``: no copy)."""
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas(split_blocks=True)  # as the kernel loads it
+        frame = read_arrow(path).to_pandas(**options)
         samples.append(time.perf_counter() - started)
         del frame
     return samples
@@ -185,3 +185,23 @@ async def bind_memory(meter: Meter, ref: str) -> dict[str, Any]:
     args = {"code": code, "inputs": {"sales": ref}, "notebook": before.data["notebook"]}
     bound = check(await meter.call("run_python", args))
     return {"before": before.data["result"], "bound": bound.data["result"]}
+
+
+async def side_by_side(meter: Meter, rounds: int = 15, per_round: int = 10) -> dict[str, Any]:
+    """A warm dataref call and its two floors, interleaved in rounds so that all three see
+    the same load: ``run_python("result = 1")``, a no-kernel MCP call (``list_artifacts``)
+    and a raw jupyter_client round trip on a plain local kernel."""
+    from .rawkernel import RawKernel
+
+    raw = await asyncio.to_thread(RawKernel)
+    out: dict[str, list[float]] = {"dataref": [], "mcp": [], "raw": []}
+    try:
+        await asyncio.to_thread(raw.round_trips, 20)
+        await trivial_calls(meter, 0)
+        for _ in range(rounds):
+            out["dataref"] += await trivial_calls(meter, per_round, warmup=0)
+            out["mcp"] += [(await meter.call("list_artifacts")).seconds for _ in range(per_round)]
+            out["raw"] += await asyncio.to_thread(raw.round_trips, per_round)
+    finally:
+        await asyncio.to_thread(raw.close)
+    return out
