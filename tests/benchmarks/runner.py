@@ -17,7 +17,7 @@ from .clients import Meter, ServerSpec, comparator_spec, dataref_spec, stdio_ser
 from .concurrency import multi_owner
 from .data import cache_dir, load_sales, sales_path, wide_path
 from .diagnostics import server_side
-from .memory import PeakSampler, cpu_seconds, wait_workers_idle
+from .memory import PeakSampler, cpu_seconds, wait_workers_idle, workers
 from .naive_server import rows_json_bytes
 from .profile import profile_calls
 from .rawkernel import raw_kernel_round_trips
@@ -103,7 +103,12 @@ async def extras(
             log("dataref: trivial calls, no-kernel calls and raw round trips, interleaved")
             out["side_by_side"] = await side_by_side(meter)
             log(f"dataref: {LONG_NOTEBOOK_CALLS} trivial calls in one new notebook")
-            out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS)
+            kernels = len(workers(sampler.root)) + 1  # the spare taken is replaced
+
+            async def settle() -> None:
+                await asyncio.to_thread(wait_workers_idle, sampler.root, kernels)
+
+            out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS, settle)
     if scale.label == "1M":
         log(f"{name}: staging a 1M x 10 artifact")
         out["staging"] = await staging(meter, STAGING["rows"], STAGING["cols"], STAGING["reps"])

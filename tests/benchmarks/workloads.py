@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -155,10 +156,16 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
     return out
 
 
-async def long_notebook(meter: Meter, calls: int) -> list[float]:
+async def long_notebook(
+    meter: Meter, calls: int, settle: Callable[[], Awaitable[Any]] | None = None
+) -> list[float]:
     """``run_python("result = 1")`` ``calls`` times in a fresh notebook: does a call get slower
-    as the notebook grows? (Each call adds a cell.)"""
+    as the notebook grows? (Each call adds a cell.) ``settle`` runs after the first call,
+    which takes the warm spare: it waits for the replacement spare to be up and idle, so
+    the early calls do not share the CPU with a kernel start."""
     first = check(await meter.call("run_python", {"code": TRIVIAL_CODE, "notebook": "new"}))
+    if settle is not None:
+        await settle()
     args = {"code": TRIVIAL_CODE, "notebook": first.data["notebook"]}
     return [first.seconds] + [
         check(await meter.call("run_python", args)).seconds for _ in range(calls - 1)
