@@ -307,6 +307,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         cell, state["cell"] = state["cell"], None
         if cell is None:
             return
+        release()  # views the code just dropped free their input now, not a cell later
         manifest = build_manifest(cell, state.get("max_result_bytes"))
         if result.success and state.get("reply_manifest"):
             state["manifest"] = manifest  # the reply's user expression takes it
