@@ -73,6 +73,74 @@ async def test_a_name_bound_to_the_same_ref_is_not_reloaded(kernel: NotebookKern
     assert result.stdout.strip() == "['x']"
 
 
+async def test_inputs_are_views_of_the_mapping_not_copies(kernel: NotebookKernel) -> None:
+    result, _ = await cell(
+        kernel,
+        "from pandas.api.types import is_string_dtype\n"
+        "print(all(not b.values.flags.writeable for b in s._mgr.blocks if b.dtype.kind in 'if'),"
+        " is_string_dtype(s.line))",
+        {"s": "data_sales"},
+    )
+    assert result.stdout.split() == ["True", "True"], (result.error, result.stdout)
+
+
+async def test_a_frame_kept_after_its_name_is_rebound_can_still_be_written(
+    kernel: NotebookKernel,
+) -> None:
+    await cell(kernel, "kept = sales", {"sales": "data_sales"})
+    result, _ = await cell(
+        kernel,
+        "kept.loc[0, 'units'] = 7\nkept['units'] += 1\nprint(int(kept.loc[0, 'units']))",
+        {"sales": "data_other"},
+    )
+    assert result.status == "ok", result.error
+    assert result.stdout.strip() == "8"
+    result, _ = await cell(kernel, "print(sales.units.tolist())", {"sales": "data_sales"})
+    assert result.stdout.strip() == "[1, 2, 3, 4]"  # the stored input is untouched
+
+
+async def test_an_input_nothing_uses_any_more_is_unmapped(kernel: NotebookKernel) -> None:
+    stage(kernel, "data_passing", pa.table({"v": list(range(1000))}))
+    maps = "print('data_passing.arrow' in open('/proc/self/maps').read())"
+    result, _ = await cell(kernel, "view = p[['v']]\n" + maps, {"p": "data_passing"})
+    assert result.stdout.strip() == "True"
+    result, _ = await cell(kernel, maps, {"p": "data_other"})  # `view` still shares its data
+    assert result.stdout.strip() == "True"
+    await ok(kernel, "del view")
+    result, _ = await cell(kernel, maps, {})
+    assert result.stdout.strip() == "False"
+
+
+async def test_a_successful_cell_returns_its_manifest_in_the_execute_reply(
+    kernel: NotebookKernel,
+) -> None:
+    code = "# dataref:" + json.dumps({"cell": "inreply", "bind": {}, "reply": True})
+    result = await kernel.execute(
+        code + "\nresult = 41 + 1",
+        timeout_s=30,
+        user_expressions={"manifest": "__dataref_manifest__()"},
+    )
+    assert result.status == "ok" and result.displays == []
+    reply = result.user_expressions["manifest"]
+    assert reply["status"] == "ok"
+    man = reply["data"]["application/vnd.dataref.collect+json"]
+    assert man["cell"] == "inreply" and man["result"] == "42"
+
+
+async def test_a_failed_cell_publishes_its_manifest_even_when_the_reply_was_asked(
+    kernel: NotebookKernel,
+) -> None:
+    code = "# dataref:" + json.dumps({"cell": "failed", "bind": {}, "reply": True})
+    result = await kernel.execute(
+        code + "\noutputs['t'] = __import__('pandas').DataFrame({'a': [1]})\n1 / 0",
+        timeout_s=30,
+        user_expressions={"manifest": "__dataref_manifest__()"},
+    )
+    assert result.status == "error" and result.user_expressions == {}
+    man = manifest(result)
+    assert man["cell"] == "failed" and man["outputs"] == ["t"]
+
+
 async def test_an_input_that_cannot_load_stops_the_cell_before_it_runs(
     kernel: NotebookKernel,
 ) -> None:

@@ -9,7 +9,10 @@ The server drives a cell in one of two ways:
   before the code runs and everything is collected after it, even when it fails;
 * or explicit calls: ``__dataref_begin__()``, ``__dataref_bind__(name, ref)``, the code,
   then ``__dataref_collect__(cell_id)``.
-Collecting publishes one display_data with the mime type ``COLLECT_MIME`` (the manifest).
+Collecting makes a manifest (mime type ``COLLECT_MIME``). With ``"reply": true`` in the header,
+a cell that succeeds hands it to the user expression ``__dataref_manifest__()`` of its execute
+request, so it comes back in the execute reply; otherwise (a failed cell's reply carries no
+user expressions, or an explicit ``__dataref_collect__``) it is published as a display_data.
 Everything here runs as the kernel's uid: the server treats the manifest and the files as
 untrusted input.
 """
@@ -64,12 +67,28 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     max_figures = 20
     bound = {}  # name -> (ref, pristine frame, weakref to the frame the agent got)
     staged = {}  # ref -> pyarrow.Buffer: tables sent over the kernel's channel (lib/transfer.py)
-    state = {"cell": None, "bind_error": None}
+    pinned = {}  # ref -> its pristine frame, while any frame made from it lives (see load)
+    state = {"cell": None, "bind_error": None, "manifest": None, "reply_manifest": False}
 
     class DatarefInputError(InputRejected):
         """An input could not be bound; the cell does not run."""
 
     # -- inputs ---------------------------------------------------------------------------
+
+    def load(source):
+        """The input as a DataFrame without copying it: memory-mapped (or the buffer a gateway
+        kernel received), one block per column
+        (``split_blocks``), so numeric columns stay read-only views of the mapping and strings
+        stay Arrow-backed. Same dtypes and values as a plain ``to_pandas()``, but binding 5M
+        rows adds about the Arrow size to the kernel instead of twice that, and the first
+        query does not fault in fresh copies. The agent only ever gets shallow copies of this
+        pristine frame, and it stays alive (``pinned``) as long as any frame sharing its data
+        does, so pandas' copy-on-write always sees a reference and copies a column before the
+        agent's code writes to it: writes never hit the read-only mapping, even in a frame
+        kept after its name was bound to something else."""
+        if isinstance(source, pa.Buffer):
+            source = pa.BufferReader(source)
+        return pa.ipc.open_file(source).read_all().to_pandas(split_blocks=True)
 
     def bind(name, ref):
         """Bind input ``ref`` as DataFrame ``name``; a name already bound to ref is kept."""
@@ -84,16 +103,25 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         source = staged.get(ref)
         if source is None and not os.path.isfile(path):
             raise FileNotFoundError(f"input {name!r} ({ref}) is not staged in this kernel")
-        # Memory-mapped: strings stay on the mapping (Arrow-backed), numeric columns are
-        # consolidated into pandas blocks. Zero-copy split blocks were measured slower: pandas
-        # consolidates them on the first operation anyway (5M rows: 0.6 s vs 0.35 s for
-        # load + first query). The agent gets a shallow copy while we keep the pristine
-        # frame, so copy-on-write protects it from the agent's writes.
-        source = pa.memory_map(path) if source is None else pa.BufferReader(source)
-        pristine = pa.ipc.open_file(source).read_all().to_pandas()
+        pristine = pinned.get(ref)
+        if pristine is None:
+            pristine = pinned[ref] = load(pa.memory_map(path) if source is None else source)
         frame = pristine.copy(deep=False)
         bound[name] = (ref, pristine, weakref.ref(frame))
         ns[name] = frame
+
+    def release():
+        """Unpin the inputs no name is bound to and no frame of the agent shares data with
+        (their mappings then close): a kernel's memory and address space follow what the
+        agent's code still uses, not every input it ever bound."""
+        current = {entry[0] for entry in bound.values()}
+        for ref in [r for r in pinned if r not in current]:
+            try:
+                shared = any(b.refs.has_reference() for b in pinned[ref]._mgr.blocks)
+            except AttributeError:  # another pandas: keep it pinned, never risk a write
+                continue
+            if not shared:
+                del pinned[ref]
 
     def begin():
         """Forget the previous cell's result, outputs and figures."""
@@ -188,8 +216,8 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         else:
             manifest["result"] = text
 
-    def collect(cell_id, max_result_bytes=None):
-        """Write outputs and figures of this cell, convert ``result``, publish the manifest."""
+    def build_manifest(cell_id, max_result_bytes=None):
+        """Write outputs and figures of this cell and convert ``result``: the manifest."""
         if not isinstance(cell_id, str) or not token.match(cell_id):
             raise ValueError(f"bad cell id {cell_id!r}")
         cap = min(int(max_result_bytes or hard_result_cap), hard_result_cap)
@@ -204,17 +232,41 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
             "figures": [],
             "errors": [],
         }
-        cell_dir = os.path.join(out_root, cell_id)
-        try:
-            os.makedirs(cell_dir, exist_ok=True)
-        except OSError as exc:
-            manifest["errors"].append(f"outputs: cannot write {cell_dir} ({exc.strerror})")
-            cell_dir = None
-        if cell_dir is not None:
-            collect_outputs(cell_dir, manifest)
-            collect_figures(cell_dir, manifest)
+        outs = ns.get("outputs")
+        if not isinstance(outs, dict) or outs or plt.get_fignums():
+            # the cell's directory only when there is something to write in it
+            cell_dir = os.path.join(out_root, cell_id)
+            try:
+                os.makedirs(cell_dir, exist_ok=True)
+            except OSError as exc:
+                manifest["errors"].append(f"outputs: cannot write {cell_dir} ({exc.strerror})")
+                cell_dir = None
+            if cell_dir is not None:
+                collect_outputs(cell_dir, manifest)
+                collect_figures(cell_dir, manifest)
         collect_result(manifest, cap)
-        publish_display_data({mime: manifest})
+        return manifest
+
+    def collect(cell_id, max_result_bytes=None):
+        """Collect this cell and publish the manifest as a display_data message."""
+        publish_display_data({mime: build_manifest(cell_id, max_result_bytes)})
+
+    class Manifest:
+        """What ``__dataref_manifest__()`` returns: the execute reply's user expression
+        carries it (as ``mime``), so a successful cell needs no extra message."""
+
+        def __init__(self, manifest):
+            self.manifest = manifest
+
+        def _repr_mimebundle_(self, include=None, exclude=None):
+            return {mime: self.manifest}
+
+        def __repr__(self):
+            return "<dataref manifest>"
+
+    def take_manifest():
+        manifest, state["manifest"] = state.get("manifest"), None
+        return Manifest(manifest)
 
     # -- the header protocol --------------------------------------------------------------
 
@@ -240,6 +292,8 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
             return
         state["cell"] = header.get("cell")
         state["max_result_bytes"] = header.get("max_result_bytes")
+        state["reply_manifest"] = header.get("reply") is True
+        state["manifest"] = None
         begin()
         for name, ref in (header.get("bind") or {}).items():
             try:
@@ -247,11 +301,18 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
             except Exception as exc:
                 state["bind_error"] = f"input {name!r} could not be loaded: {exc}"
                 return
+        release()
 
     def post_run_cell(result):
         cell, state["cell"] = state["cell"], None
-        if cell is not None:
-            collect(cell, state.get("max_result_bytes"))
+        if cell is None:
+            return
+        release()  # views the code just dropped free their input now, not a cell later
+        manifest = build_manifest(cell, state.get("max_result_bytes"))
+        if result.success and state.get("reply_manifest"):
+            state["manifest"] = manifest  # the reply's user expression takes it
+        else:  # a failed cell's reply carries no user expressions: publish it
+            publish_display_data({mime: manifest})
 
     class RejectOnBindError(ast.NodeTransformer):
         def visit(self, node):
@@ -268,6 +329,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     ns["__dataref_begin__"] = begin
     ns["__dataref_bind__"] = bind
     ns["__dataref_collect__"] = collect
+    ns["__dataref_manifest__"] = take_manifest
 
 
 _dataref_install(pandas, pyarrow, matplotlib.pyplot, _dataref_load_convert)

@@ -30,6 +30,10 @@ from .workspace import Workspace
 
 HEADER_PREFIX = "# dataref:"
 COLLECT_MIME = "application/vnd.dataref.collect+json"
+# The user expression that returns a successful cell's manifest in its execute reply (no
+# display message); a failed cell's reply has no user expressions, so its manifest comes as
+# a display_data, as does every manifest of a kernel profile that does not know "reply".
+MANIFEST_EXPRESSIONS = {"manifest": "__dataref_manifest__()"}
 RESERVED_NAMES = frozenset({"outputs", "result", "dr", "In", "Out", "get_ipython", "exit", "quit"})
 MAX_CODE_BYTES = 512 * 1024
 MAX_TRACEBACK_CHARS = 1500
@@ -138,13 +142,17 @@ async def _execute(
     owner, inputs = call.owner, call.inputs
     async with kernel.lock:  # one call at a time per notebook, recorded in the same order
         cell_id = f"cell{time.time_ns():x}"
-        await kernel.stage(ws.store, owner, sorted(set(inputs.values())))
+        if inputs:  # a call without inputs makes a single thread hop, after the reply
+            await kernel.stage(ws.store, owner, sorted(set(inputs.values())))
         header = HEADER_PREFIX + json.dumps(
-            {"cell": cell_id, "bind": inputs}, separators=(",", ":")
+            {"cell": cell_id, "bind": inputs, "reply": True}, separators=(",", ":")
         )
         started = time.perf_counter()
         execution = await kernel.execute(
-            header + "\n" + call.code, timeout_s=timeout, on_progress=on_progress
+            header + "\n" + call.code,
+            timeout_s=timeout,
+            on_progress=on_progress,
+            user_expressions=MANIFEST_EXPRESSIONS,
         )
         elapsed = time.perf_counter() - started
         call = replace(call, cell_id=cell_id, elapsed_s=elapsed)
@@ -164,10 +172,12 @@ class CellCall:
 
 def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:
     """Collect outputs, clean the kernel's output dir, record the cell (one thread hop)."""
+    manifest = _manifest(execution)
     try:
-        response = collect(ws, kernel, execution, call)
+        response = collect(ws, kernel, execution, call, manifest)
     finally:
-        kernel.remove_outputs(call.cell_id)
+        if manifest is None or manifest.get("outputs") or manifest.get("figures"):
+            kernel.remove_outputs(call.cell_id)  # the kernel writes the dir only for these
     response["notebook"] = call.handle
     # Before the transcript: its write wakes the page, which then finds what the call showed.
     ws.shown.add(call.owner, call.handle, call.code, response)
@@ -183,9 +193,10 @@ def _finish(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[
     return response
 
 
-def collect(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[str, Any]:
+def collect(
+    ws: Workspace, kernel: Any, execution: Any, call: CellCall, manifest: dict[str, Any] | None
+) -> dict[str, Any]:
     """Turn an ExecutionResult into the compact response; store outputs and figures."""
-    manifest = _manifest(execution.displays)
     response: dict[str, Any] = {"ok": execution.status == "ok", "result": None}
     notes: list[str] = []
     response["stdout"] = truncate_stream(
@@ -207,8 +218,14 @@ def collect(ws: Workspace, kernel: Any, execution: Any, call: CellCall) -> dict[
     return response
 
 
-def _manifest(displays: list[dict[str, Any]]) -> dict[str, Any] | None:
-    for bundle in reversed(displays):
+def _manifest(execution: Any) -> dict[str, Any] | None:
+    """The cell's manifest: from the execute reply's user expression, else a display."""
+    reply = (getattr(execution, "user_expressions", None) or {}).get("manifest")
+    if isinstance(reply, dict) and reply.get("status") == "ok":
+        data = (reply.get("data") or {}).get(COLLECT_MIME)
+        if isinstance(data, dict):
+            return data
+    for bundle in reversed(execution.displays):
         data = bundle.get(COLLECT_MIME)
         if isinstance(data, dict):
             return data

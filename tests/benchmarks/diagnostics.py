@@ -27,7 +27,7 @@ def fsync_seconds(directory: Path, reps: int = 20, size: int = 40_000) -> list[f
     return samples
 
 
-def transcript_appends(cells: int = 75) -> list[float]:
+def transcript_appends(cells: int = 1000) -> list[float]:
     """Seconds to record one trivial run_python call, for notebooks of 1..``cells`` calls."""
     from dataref.transcript import Transcripts, record_run_python
 

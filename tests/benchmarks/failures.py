@@ -17,4 +17,6 @@ def errors(results: dict[str, Any]) -> list[str]:
         found.append(f"8 owners over HTTP: {results['multi_owner']['error']}")
     if (results.get("sql_sources") or {}).get("error"):
         found.append(f"SQL sources: {results['sql_sources']['error']}")
+    if (results.get("profile") or {}).get("error"):
+        found.append(f"profile of warm calls: {results['profile']['error']}")
     return found

@@ -5,38 +5,56 @@ It uses the IPC (Unix socket) transport, as dataref's kernels do.
 
 from __future__ import annotations
 
+import shutil
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from jupyter_client.manager import KernelManager
+
+
+class RawKernel:
+    """A started local kernel; ``round_trips(n)`` times ``execute_interactive("pass")``."""
+
+    def __init__(self) -> None:
+        self.rundir = tempfile.mkdtemp(prefix="bench-raw-")
+        started = time.perf_counter()
+        self.km = KernelManager(
+            kernel_name="python3", transport="ipc", ip=str(Path(self.rundir) / "k")
+        )
+        self.km.connection_file = str(Path(self.rundir) / "conn.json")
+        self.km.start_kernel()
+        self.kc: Any = self.km.client()
+        self.kc.start_channels()
+        try:
+            self.kc.wait_for_ready(timeout=120)
+            self.kc.execute_interactive("pass", timeout=60)
+        except BaseException:
+            self.close()
+            raise
+        self.cold_start = time.perf_counter() - started
+
+    def round_trips(self, n: int) -> list[float]:
+        samples = []
+        for _ in range(n):
+            t0 = time.perf_counter()
+            self.kc.execute_interactive("pass", timeout=60)
+            samples.append(time.perf_counter() - t0)
+        return samples
+
+    def close(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+        shutil.rmtree(self.rundir, ignore_errors=True)
 
 
 def raw_kernel_round_trips(calls: int = 200, warmup: int = 20) -> dict[str, list[float]]:
     """Seconds of ``kc.execute_interactive("pass")``, plus the cold start (launch -> first
     reply) of the same kernel for reference."""
-    rundir = tempfile.mkdtemp(prefix="bench-raw-")
-    started = time.perf_counter()
-    km = KernelManager(kernel_name="python3", transport="ipc", ip=str(Path(rundir) / "k"))
-    km.connection_file = str(Path(rundir) / "conn.json")
-    km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
+    kernel = RawKernel()
     try:
-        kc.wait_for_ready(timeout=120)
-        kc.execute_interactive("pass", timeout=60)
-        cold = time.perf_counter() - started
-        for _ in range(warmup):
-            kc.execute_interactive("pass", timeout=60)
-        samples = []
-        for _ in range(calls):
-            t0 = time.perf_counter()
-            kc.execute_interactive("pass", timeout=60)
-            samples.append(time.perf_counter() - t0)
+        kernel.round_trips(warmup)
+        return {"round_trip": kernel.round_trips(calls), "cold_start": [kernel.cold_start]}
     finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-        import shutil
-
-        shutil.rmtree(rundir, ignore_errors=True)
-    return {"round_trip": samples, "cold_start": [cold]}
+        kernel.close()

@@ -59,7 +59,42 @@ def call_rows(v: View) -> list[list[str]]:
          *stat_cells(v.srv("dataref", "50k", "mcp_floor")), "–", "–", "", ""],
         ["first call of a new notebook (warm spare)", *stat_cells(first), *stat_cells(s_call),
          f"raw kernel cold start {ms(median(cold))}", _versus(first, s_call)],
+        *side_by_side_rows(v),
+        *long_notebook_rows(v),
     ]  # fmt: skip
+
+
+def side_by_side_rows(v: View) -> list[list[str]]:
+    sbs = v.srv("dataref", "50k", "side_by_side") or {}
+    if not sbs.get("dataref"):
+        return []
+    floor = median(sbs["raw"]) + median(sbs["mcp"])
+    return [
+        ['interleaved: `run_python("result = 1")`', *stat_cells(sbs["dataref"]), "–", "–",
+         f"raw kernel {ms(median(sbs['raw']))} + MCP {ms(median(sbs['mcp']))}",
+         f"{times(ratio(median(sbs['dataref']), floor))} the sum"],
+    ]  # fmt: skip
+
+
+def long_notebook_rows(v: View) -> list[list[str]]:
+    calls = v.srv("dataref", "50k", "long_notebook") or []
+    if len(calls) < 40:
+        return []
+    early, late = calls[1:21], calls[-20:]
+    return [
+        ["one notebook: calls 2–21", *stat_cells(early), "–", "–", "", ""],
+        [f"one notebook: calls {len(calls) - 19}–{len(calls)}", *stat_cells(late), "–", "–",
+         "", f"{times(ratio(median(late), median(early)))} calls 2–21"],
+    ]  # fmt: skip
+
+
+def profile_section(v: View) -> str:
+    from .profile import render
+
+    profile = v.get("profile")
+    if not profile or "error" in profile:
+        return "Not measured in this run."
+    return render(profile)
 
 
 def session_rows(v: View) -> list[list[str]]:
@@ -247,6 +282,7 @@ def render_report(results: dict[str, Any]) -> str:
         targets=table(["target", "measured", "result"], rows),
         misses="\n".join(misses) or "Every target is met.",
         table=render_table(results),
+        profile=profile_section(v),
         reps=", ".join(f"{k}: {n}×" for k, n in SESSION_REPS.items()),
         **m["versions"],
     )  # fmt: skip

@@ -38,6 +38,15 @@ so absolute times are noisy; ratios measured in the same run hold better.
 
 {table}
 
+## Where a warm call's time goes
+
+py-spy sampling the server process (all its threads, only while one holds the GIL) during
+200 warm `run_python("result = 1")` calls on a server of its own; what the server does
+around waiting for the kernel and the client. `python -m tests.benchmarks.profile` runs
+only this.
+
+{profile}
+
 ## Plots
 
 ![session time vs rows](tests/benchmarks/results/latency_vs_rows.png)
@@ -60,6 +69,9 @@ so absolute times are noisy; ratios measured in the same run hold better.
 * **Per-call overhead**: 50 × `run_python("result = 1")` on a warm kernel, after the five
   sessions and 3 warm-up calls. The floor is `kc.execute_interactive("pass")` on a plain local
   ipykernel over IPC, without MCP or sandbox (200 calls after 20 warm-up calls).
+* **A long notebook**: 1,000 × `run_python("result = 1")` in one new notebook (each call adds
+  a cell to its transcript), on the 50k server after the per-call workload; calls 2–21 (the
+  1st starts its kernel) against the last 20.
 * **First call of a new notebook**: the first call of each of 8 owners on the HTTP server,
   made once the pool's warm spare is started and idle (a 9th owner calls first, so the
   server's own first-call costs are not counted). The seed-style baseline has no kernels:
@@ -75,10 +87,13 @@ so absolute times are noisy; ratios measured in the same run hold better.
   and against an in-process Arrow memory-map read + `to_pandas` of the same table.
 * **5M compute**: the QoQ call of the 5M sessions (it stages the fetched artifact) and the same
   call again with the input bound, against `exec` of the same code in the harness process on
-  a frame loaded the way a kernel loads it (memory-map + `to_pandas`): its first run
-  on the freshly loaded frame (it pays the first-touch costs of a memory-mapped frame, as the
-  kernel's first call does) and a second run. The in-process reps alternate with the
+  a frame loaded the way a kernel loads it (memory-map + `to_pandas(split_blocks=True)`): its
+  first run on the freshly loaded frame (it pays the first-touch costs of a memory-mapped
+  frame, as the kernel's first call does) and a second run. The in-process reps alternate with the
   bound-input calls (5 each), so both see the same load on the shared machine.
+* **Binding memory**: on the 5M server, a new notebook (the warm spare kernel) reports its
+  own VmHWM (`/proc/self/status`), then binds the fetched 5M-row artifact and reports it
+  again, with the size of the staged Arrow file; nothing else runs in that kernel.
 * **8 owners**: one HTTP server, 8 clients with their own bearer tokens; each owner is an agent
   making 25 calls one after another, all 8 at once (`asyncio.gather`). The single-call p50 is
   one owner calling alone on the same server. CPU per call is read from `/proc` (utime + stime

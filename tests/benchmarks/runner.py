@@ -17,9 +17,10 @@ from .clients import Meter, ServerSpec, comparator_spec, dataref_spec, stdio_ser
 from .concurrency import multi_owner
 from .data import cache_dir, load_sales, sales_path, wide_path
 from .diagnostics import server_side
-from .memory import PeakSampler, cpu_seconds, wait_workers_idle
+from .memory import PeakSampler, cpu_seconds, wait_workers_idle, workers
 from .modes import sandbox_modes
 from .naive_server import rows_json_bytes
+from .profile import profile_calls
 from .rawkernel import raw_kernel_round_trips
 from .sources import sql_sources
 from .workloads import (
@@ -27,8 +28,11 @@ from .workloads import (
     Scale,
     SessionRun,
     article_session,
+    bind_memory,
     compare_qoq,
     inproc_mmap_reads,
+    long_notebook,
+    side_by_side,
     staging,
     trivial_calls,
 )
@@ -36,6 +40,8 @@ from .workloads import (
 SERVERS = ("dataref", "seed", "naive")
 SESSION_REPS = {"50k": 5, "1M": 3, "5M": 3}
 TRIVIAL_CALLS = 50
+LONG_NOTEBOOK_CALLS = 1000
+PROFILE_CALLS = 200
 STAGING = {"rows": 1_000_000, "cols": 10, "reps": 8}
 COMPUTE_REPS = 5
 
@@ -95,12 +101,23 @@ async def extras(
         ]
         if name == "dataref":  # the MCP round trip of a tool that does no kernel work
             out["mcp_floor"] = [(await meter.call("list_artifacts")).seconds for _ in range(30)]
+            log("dataref: trivial calls, no-kernel calls and raw round trips, interleaved")
+            out["side_by_side"] = await side_by_side(meter)
+            log(f"dataref: {LONG_NOTEBOOK_CALLS} trivial calls in one new notebook")
+            kernels = len(workers(sampler.root)) + 1  # the spare taken is replaced
+
+            async def settle() -> None:
+                await asyncio.to_thread(wait_workers_idle, sampler.root, kernels)
+
+            out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS, settle)
     if scale.label == "1M":
         log(f"{name}: staging a 1M x 10 artifact")
         out["staging"] = await staging(meter, STAGING["rows"], STAGING["cols"], STAGING["reps"])
     if scale.label == "5M" and name == "dataref":
-        log("dataref: QoQ on the bound 5M input, alternating with in-process pandas")
         ref = runs[-1].steps["fetch"].data["dataRef"]
+        log("dataref: a fresh kernel's memory before and after binding the 5M input")
+        out["bind_memory"] = await bind_memory(meter, ref)
+        log("dataref: QoQ on the bound 5M input, alternating with in-process pandas")
         out["qoq"] = await compare_qoq(meter, ref, sales_path(5_000_000), COMPUTE_REPS)
     return out
 
@@ -161,9 +178,9 @@ async def bench_scales(
 def in_process(scales: list[Scale]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if any(s.label == "1M" for s in scales):
-        out["mmap_read"] = inproc_mmap_reads(
-            wide_path(STAGING["rows"], STAGING["cols"]), STAGING["reps"]
-        )
+        wide = wide_path(STAGING["rows"], STAGING["cols"])
+        out["mmap_read"] = inproc_mmap_reads(wide, STAGING["reps"])
+        out["mmap_read_split"] = inproc_mmap_reads(wide, STAGING["reps"], split_blocks=True)
     return out
 
 
@@ -209,6 +226,14 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         except Exception as exc:
             log(f"sandbox modes: FAILED: {exc}")
             modes = {"error": f"{type(exc).__name__}: {exc}"[:600]}
+    profile = None
+    if "dataref" in servers:
+        log(f"py-spy on the server during {PROFILE_CALLS} warm calls")
+        try:
+            profile = await profile_calls(work, PROFILE_CALLS)
+        except Exception as exc:
+            log(f"profile: FAILED: {exc}")
+            profile = {"error": f"{type(exc).__name__}: {exc}"[:600]}
     inproc = await asyncio.to_thread(in_process, scales)
     diagnostics = await asyncio.to_thread(server_side, work) if "dataref" in servers else {}
     return {
@@ -219,6 +244,7 @@ async def run_all(work: Path, quick: bool, servers: list[str]) -> dict[str, Any]
         "multi_owner": multi,
         "sql_sources": sources,
         "sandbox_modes": modes,
+        "profile": profile,
         "in_process": inproc,
         "diagnostics": diagnostics,
         "duration_s": time.perf_counter() - started,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -111,13 +112,13 @@ async def staging(meter: Meter, rows: int, cols: int, reps: int) -> dict[str, li
     return out
 
 
-def inproc_mmap_reads(path: Path, reps: int) -> list[float]:
-    """The in-process floor of staging: what a kernel does to bind an input (Arrow
-    memory-map read + ``to_pandas``, numeric columns consolidated), in this process."""
+def inproc_mmap_reads(path: Path, reps: int, **options: Any) -> list[float]:
+    """The in-process floor of staging: an Arrow memory-map read + ``to_pandas(**options)``
+    in this process (the kernel binds with ``split_blocks=True``: no copy)."""
     samples = []
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas()
+        frame = read_arrow(path).to_pandas(**options)
         samples.append(time.perf_counter() - started)
         del frame
     return samples
@@ -143,7 +144,7 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {"load": [], "first": [], "again": []}
     for _ in range(reps):
         started = time.perf_counter()
-        frame = read_arrow(path).to_pandas()
+        frame = read_arrow(path).to_pandas(split_blocks=True)  # as the kernel loads it
         out["load"].append(time.perf_counter() - started)
         for key in ("first", "again"):
             namespace: dict[str, Any] = {"sales": frame, "outputs": {}}
@@ -152,4 +153,62 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
             out[key].append(time.perf_counter() - started)
         del frame, namespace
         gc.collect()  # free this rep's frames before the next rep
+    return out
+
+
+async def long_notebook(
+    meter: Meter, calls: int, settle: Callable[[], Awaitable[Any]] | None = None
+) -> list[float]:
+    """``run_python("result = 1")`` ``calls`` times in a fresh notebook: does a call get slower
+    as the notebook grows? (Each call adds a cell.) ``settle`` runs after the first call,
+    which takes the warm spare: it waits for the replacement spare to be up and idle, so
+    the early calls do not share the CPU with a kernel start."""
+    first = check(await meter.call("run_python", {"code": TRIVIAL_CODE, "notebook": "new"}))
+    if settle is not None:
+        await settle()
+    args = {"code": TRIVIAL_CODE, "notebook": first.data["notebook"]}
+    return [first.seconds] + [
+        check(await meter.call("run_python", args)).seconds for _ in range(calls - 1)
+    ]
+
+
+# What a kernel reports about itself: peak and current RSS (KiB) and, given a ref, the size
+# of that staged input's Arrow file.
+_KERNEL_MEMORY = """\
+import os as _os
+_status = dict(line.split(":", 1) for line in open("/proc/self/status"))
+result = {k: int(_status[k].split()[0]) for k in ("VmHWM", "VmRSS")}
+if REF:
+    _dir = _os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs")
+    result["arrow_bytes"] = _os.path.getsize(_os.path.join(_dir, REF + ".arrow"))
+"""
+
+
+async def bind_memory(meter: Meter, ref: str) -> dict[str, Any]:
+    """A fresh kernel's peak RSS before and after binding ``ref`` (nothing else runs)."""
+    idle = {"code": _KERNEL_MEMORY.replace("REF", '""'), "notebook": "new"}
+    before = check(await meter.call("run_python", idle))
+    code = _KERNEL_MEMORY.replace("REF", repr(ref))
+    args = {"code": code, "inputs": {"sales": ref}, "notebook": before.data["notebook"]}
+    bound = check(await meter.call("run_python", args))
+    return {"before": before.data["result"], "bound": bound.data["result"]}
+
+
+async def side_by_side(meter: Meter, rounds: int = 15, per_round: int = 10) -> dict[str, Any]:
+    """A warm dataref call and its two floors, interleaved in rounds so that all three see
+    the same load: ``run_python("result = 1")``, a no-kernel MCP call (``list_artifacts``)
+    and a raw jupyter_client round trip on a plain local kernel."""
+    from .rawkernel import RawKernel
+
+    raw = await asyncio.to_thread(RawKernel)
+    out: dict[str, list[float]] = {"dataref": [], "mcp": [], "raw": []}
+    try:
+        await asyncio.to_thread(raw.round_trips, 20)
+        await trivial_calls(meter, 0)
+        for _ in range(rounds):
+            out["dataref"] += await trivial_calls(meter, per_round, warmup=0)
+            out["mcp"] += [(await meter.call("list_artifacts")).seconds for _ in range(per_round)]
+            out["raw"] += await asyncio.to_thread(raw.round_trips, per_round)
+    finally:
+        await asyncio.to_thread(raw.close)
     return out

@@ -21,8 +21,11 @@ class Channels(Protocol):
 
     queue: asyncio.Queue[tuple[str, dict[str, Any]]]
 
-    async def execute(self, code: str, *, store_history: bool) -> str:
-        """Send an execute_request; returns its msg_id."""
+    async def execute(
+        self, code: str, *, store_history: bool, user_expressions: dict[str, str] | None = None
+    ) -> str:
+        """Send an execute_request (its reply carries the ``user_expressions``); returns its
+        msg_id."""
 
     def drain(self) -> None:
         """Forget queued messages of earlier cells."""

@@ -214,12 +214,14 @@ class GatewayChannels:
         await self._send_prepared(msg, buffers)
         return msg["header"]["msg_id"]
 
-    async def execute(self, code: str, *, store_history: bool) -> str:
+    async def execute(
+        self, code: str, *, store_history: bool, user_expressions: dict[str, str] | None = None
+    ) -> str:
         content = {
             "code": code,
             "silent": False,
             "store_history": store_history,
-            "user_expressions": {},
+            "user_expressions": user_expressions or {},
             "allow_stdin": False,
             "stop_on_error": False,
         }

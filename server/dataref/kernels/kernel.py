@@ -133,6 +133,7 @@ class NotebookKernel:
         timeout_s: float,
         on_progress: ProgressCallback | None = None,
         store_history: bool = True,
+        user_expressions: dict[str, str] | None = None,
     ) -> ExecutionResult:
         """Run one cell. Never hangs: see ``session.execute_cell``.
 
@@ -159,6 +160,7 @@ class NotebookKernel:
                 interrupt=self.process.interrupt,
                 on_progress=on_progress,
                 store_history=store_history,
+                user_expressions=user_expressions,
             )
             result.restarted = result.restarted or lost
             if must_restart and not self._closed:

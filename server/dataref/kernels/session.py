@@ -46,6 +46,7 @@ class ExecutionResult:
     execution_count: int | None = None
     truncated_chars: int = 0  # stdout/stderr characters dropped beyond STREAM_KEEP_CHARS
     dropped_displays: int = 0
+    user_expressions: dict[str, Any] = field(default_factory=dict)  # from the execute reply
 
 
 class KernelChannels:
@@ -75,9 +76,15 @@ class KernelChannels:
                 continue
             self.queue.put_nowait((channel, msg))
 
-    async def execute(self, code: str, *, store_history: bool) -> str:
+    async def execute(
+        self, code: str, *, store_history: bool, user_expressions: dict[str, str] | None = None
+    ) -> str:
         return self.client.execute(
-            code, store_history=store_history, allow_stdin=False, stop_on_error=False
+            code,
+            store_history=store_history,
+            allow_stdin=False,
+            stop_on_error=False,
+            user_expressions=user_expressions,
         )
 
     def drain(self) -> None:
@@ -194,7 +201,13 @@ class _Collector:
             execution_count=(reply or {}).get("execution_count"),
             truncated_chars=self.truncated,
             dropped_displays=self.dropped_displays,
+            user_expressions=_user_expressions(reply),
         )
+
+
+def _user_expressions(reply: dict[str, Any] | None) -> dict[str, Any]:
+    found = (reply or {}).get("user_expressions")
+    return found if isinstance(found, dict) else {}
 
 
 @dataclass
@@ -213,11 +226,14 @@ async def execute_cell(
     interrupt: Callable[[], Awaitable[None]],
     on_progress: ProgressCallback | None = None,
     store_history: bool = True,
+    user_expressions: dict[str, str] | None = None,
 ) -> tuple[ExecutionResult, bool]:
     """Run ``code``; returns the result and whether the kernel must be restarted."""
     loop = asyncio.get_running_loop()
     channels.drain()
-    msg_id = await channels.execute(code, store_history=store_history)
+    msg_id = await channels.execute(
+        code, store_history=store_history, user_expressions=user_expressions
+    )
     collector = _Collector()
     start = loop.time()
     deadline = start + timers.timeout_s
