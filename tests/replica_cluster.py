@@ -142,6 +142,9 @@ class Cluster:
                 "DATAREF_KERNELS__WARM_SPARES": "1",
                 "DATAREF_KERNELS__MAX_TOTAL": "32",
                 "DATAREF_KERNELS__MAX_PER_OWNER": "4",
+                # 8 owners' kernels per replica fit the memory budget with these limits
+                "DATAREF_KERNELS__MEMORY_BYTES": str(768 << 20),
+                "DATAREF_KERNELS__WORK_BYTES": str(128 << 20),
                 **self.extra_env,
             }
             self.replicas = [Replica(i, self.root, env) for i in range(self.count)]

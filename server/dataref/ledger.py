@@ -205,6 +205,9 @@ class SQLiteLedger:
             self._db = sqlite3.connect(self.path, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=FULL")
+            # A short WAL, reused after each checkpoint: it never grows into the space a full
+            # disk's reserve was kept for (the default lets it reach about 4 MB).
+            self._db.execute("PRAGMA wal_autocheckpoint=32")
             self._db.executescript(_SCHEMA + _append_only_triggers())
         self._db.execute("PRAGMA busy_timeout=10000")
         self.reserve = self.path.parent / RESERVE_FILE
