@@ -236,3 +236,15 @@ def test_sigkill_during_run_python_calls_loses_no_acknowledged_cell(tmp_path: Pa
     finally:
         server.stop()
     assert len(acked) >= 3
+
+
+async def test_a_server_shutdown_materialises_its_notebooks(tmp_path):
+    from dataref.workspace import Workspace
+
+    ws = Workspace(settings_for(tmp_path / "state", None))
+    h = ws.transcripts.default(OWNER)
+    run(ws.transcripts, h, "result = 'before the shutdown'")
+    path = ws.transcripts.journal.path(h)
+    assert not path.exists()
+    await ws.close()
+    assert first_lines(nbformat.read(path, as_version=4)) == ["result = 'before the shutdown'"]
