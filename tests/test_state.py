@@ -49,9 +49,9 @@ def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
                 rows |= {
                     tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()
                 }
-        expected = {("artifacts", 1), ("notebooks", 1), ("notebooks", 2), ("links", 1)}
+        expected = {("artifacts", 1), ("links", 1)} | {("notebooks", v) for v in (1, 2, 3)}
         assert rows == expected
-        assert len(STEPS["notebooks"]) == 2
+        assert len(STEPS["notebooks"]) == 3
         a.state.ping()
     finally:
         a.close()

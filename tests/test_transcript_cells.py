@@ -195,24 +195,24 @@ def test_notebooks_of_other_owners_are_not_found(transcripts):
         export_notebook(transcripts, "bob", h)
 
 
-def test_the_export_drops_outputs_counts_and_attachments_even_if_the_file_has_them(transcripts):
+def test_the_export_drops_outputs_counts_and_attachments_even_if_the_journal_has_them(
+    transcripts,
+):
     h = transcripts.default(OWNER)
     fetch(transcripts, h, "data_S")
-    path = transcripts.root / f"{h}.ipynb"
-    nb = nbformat.read(path, as_version=4)
-    leak = nbformat.v4.new_output("stream", name="stdout", text="Tent 06 1234.56")
-    nb.cells[2].outputs.append(leak)
-    nb.cells[2].execution_count = 7
-    nb.cells[2].metadata["scrolled"] = True
-    nb.cells[0].attachments = {"x.png": {"image/png": "aGVsbG8="}}
-    nbformat.write(nb, path)
+    leaky = nbformat.v4.new_code_cell("print(1)", metadata={"scrolled": True}, execution_count=7)
+    leaky.outputs.append(nbformat.v4.new_output("stream", name="stdout", text="Tent 06 1234.56"))
+    note = nbformat.v4.new_markdown_cell("note", attachments={"x.png": {"image/png": "aGVsbG8="}})
+    transcripts.append(OWNER, h, leaky, note)
+    stored = transcripts.read(OWNER, h)
+    assert "Tent 06" in json.dumps(stored)  # the planted leak really is in the record
     exported = export_notebook(transcripts, OWNER, h)
     nbformat.validate(exported)
     text = notebook_json(exported)
     assert "Tent 06" not in text and "attachments" not in text and "scrolled" not in text
     assert all(c.get("execution_count") is None for c in exported.cells)
     assert all(not c.get("outputs") for c in exported.cells)
-    assert [c.id for c in exported.cells] == [c.id for c in nb.cells]
+    assert [c.id for c in exported.cells] == [c.id for c in stored.cells]
 
 
 # -- names and literals ------------------------------------------------------------------

@@ -28,7 +28,7 @@ MEDIA_TYPE = "application/x-ipynb+json"
 
 def export_notebook(transcripts: Transcripts, owner: str, handle: str) -> nbformat.NotebookNode:
     """The owner's notebook ``handle``, data-free and valid (nbformat.validate)."""
-    stored = transcripts.read(owner, handle)
+    stored = transcripts.materialise(owner, handle)  # the document catches up, too
     nb = new_notebook(
         metadata={
             "kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},

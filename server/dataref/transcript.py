@@ -1,14 +1,16 @@
 """Notebook handles and their transcripts: every call becomes a cell of an nbformat notebook.
 
 A notebook handle (``nb_<random>``) is owner-scoped like a dataRef: one kernel plus one
-transcript. Each transcript is an nbformat v4 document, rewritten atomically after every call
-(a file by default, a row of the shared state on PostgreSQL: ``state.notebook_docs``), so it
-survives a restart and keeps growing afterwards, whichever replica records the next call.
+transcript. Each call appends its cells to the notebook's journal (``state.journal``: one
+insert in the shared state, whatever the notebook's length), so a transcript survives a crash
+and keeps growing afterwards, whichever replica records the next call. The nbformat v4
+document (a file by default, a row on PostgreSQL) is materialised from the journal on export,
+at shutdown and at the next start after a crash.
 
 A cell's metadata (``metadata.dataref``) is the record of its call: the tool, its arguments
 or code, the dataRefs it read and made, its status and timing; never rows, samples or
-results. Code is derived from these records (``cells.SourceWriter``) every time a call is
-added, so the variable names stay consistent across the whole notebook.
+results. Code is derived from these records (``cells.SourceWriter``) whenever the notebook
+is read or materialised, so the variable names stay consistent across the whole notebook.
 """
 
 from __future__ import annotations
@@ -24,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+from nbformat.v4 import new_code_cell, new_markdown_cell
 
 from .cells import SourceWriter, not_run_markdown
 from .errors import NotFound
 from .files import remove_stale_parts
 from .state import sqlite_db
 from .state.db import Cursor, Database
-from .state.notebook_docs import docs_for
+from .state.journal import Journal
 
 HANDLE_BYTES = 16
 _HANDLE = re.compile(r"nb_[A-Za-z0-9_-]{1,64}")
@@ -47,7 +49,7 @@ def unknown_notebook(handle: str) -> NotFound:
 
 
 class Transcripts:
-    """Owns notebook handles (the state database) and their notebook documents.
+    """Owns notebook handles (the state database), their journals and their documents.
 
     ``kernel`` names what this process's kernels are (see ``append``); by default a fresh
     value per instance: a new server process has new kernels."""
@@ -61,14 +63,26 @@ class Transcripts:
         remove_stale_parts(self.root)  # rewrites a crash interrupted: never visible
         self._own_db = db is None
         self._db = db or sqlite_db(self.root / "notebooks.sqlite", "notebooks")
-        self.docs = docs_for(self.root, self._db)
+        self.journal = Journal(self.root, self._db, refresh_sources, _notebook_metadata)
         self.kernel = kernel or f"server:{secrets.token_hex(8)}"
         # Called with a handle after each write (the page's live feed listens here).
         self.listeners: list[Callable[[str], None]] = []
+        # Notebooks stored as documents before the journal are taken in; documents a crash
+        # left behind their journal are written again.
+        self.journal.take_in()
+        self._materialise_behind()
 
     def close(self) -> None:
-        if self._own_db:
-            self._db.close()
+        """Materialise the documents that fell behind their journal, then close."""
+        try:
+            self._materialise_behind()
+        finally:
+            if self._own_db:
+                self._db.close()
+
+    def _materialise_behind(self) -> None:
+        for handle in self.journal.behind():
+            self.journal.materialise(handle)
 
     # -- handles ---------------------------------------------------------------
 
@@ -119,10 +133,9 @@ class Transcripts:
             "INSERT INTO notebooks (handle, owner, created, is_default, kernel) VALUES (?,?,?,?,?)",
             (handle, owner, time.time(), int(is_default), self.kernel),
         )
-        nb = new_notebook(metadata=_notebook_metadata(handle))
-        nb.cells.append(new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}}))
-        nb.cells.append(new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}}))
-        self.docs.create(cur, handle, nb)
+        intro = new_markdown_cell(INTRO, metadata={"dataref": {"role": "intro"}})
+        setup = new_code_cell(SETUP, metadata={"dataref": {"role": "setup"}})
+        self.journal.insert(cur, handle, 0, [intro, setup])  # in the notebook's transaction
         return handle
 
     def handles(self, owner: str) -> list[str]:
@@ -135,28 +148,27 @@ class Transcripts:
     # -- cells -----------------------------------------------------------------
 
     def read(self, owner: str, handle: str) -> nbformat.NotebookNode:
-        """A copy of the stored notebook (callers may change it freely)."""
+        """A copy of the notebook as journalled, by any process (callers may change it)."""
         self.resolve(owner, handle)
-        return copy.deepcopy(self.docs.read(handle))
+        return copy.deepcopy(self.journal.notebook(handle))
 
     def append(self, owner: str, handle: str, *cells: nbformat.NotebookNode) -> int:
-        """Append cells, re-derive every code source, persist; returns the notebook's length.
+        """Journal cells (one insert, committed on return); returns the notebook's length.
+        Sources are derived when the notebook is read or materialised.
 
         The notebook's variables live in one kernel; when the last call was recorded by
         another kernel context (a restarted server, or a replica with kernels of its own),
         a note says the variables were cleared there."""
         self.resolve(owner, handle)
-        with self.docs.edit(handle, self.kernel) as (nb, other_kernel):
-            if other_kernel and any(c.metadata.get("dataref", {}).get("tool") for c in nb.cells):
-                nb.cells.append(_restart_note())
-            nb.cells.extend(cells)
-            refresh_sources(nb)
-            length = len(nb.cells)
+        length = self.journal.append(handle, self.kernel, cells, _restart_note)
         self._notify(handle)  # once it is stored
         return length
 
-    def _path(self, handle: str) -> Path:
-        return self.root / f"{handle}.ipynb"
+    def materialise(self, owner: str, handle: str) -> nbformat.NotebookNode:
+        """Write the notebook's document from its journal; returns a copy of the notebook.
+        (The file is ``self.journal.path(handle)`` on SQLite, the row's ``doc`` otherwise.)"""
+        self.resolve(owner, handle)
+        return copy.deepcopy(self.journal.materialise(handle))
 
     def _notify(self, handle: str) -> None:
         for listener in list(self.listeners):

@@ -77,8 +77,11 @@ class Workspace:
             if self.pool is not None:
                 await self.pool.close()
         finally:
-            self.ledger.close()
-            self.state.close()
+            try:
+                self.ledger.close()
+                self.transcripts.close()  # materialises the documents behind their journal
+            finally:
+                self.state.close()
 
     async def _sweep_forever(self) -> None:
         while True:

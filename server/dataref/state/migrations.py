@@ -33,6 +33,12 @@ STEPS: dict[str, list[str]] = {
         """ALTER TABLE notebooks ADD COLUMN kernel TEXT;
         ALTER TABLE notebooks ADD COLUMN doc TEXT;
         ALTER TABLE notebooks ADD COLUMN version {int} NOT NULL DEFAULT 0""",
+        # The journal of cells (state/journal.py), the source of truth of every transcript;
+        # materialised: how many of them the notebook's document (file or doc) holds.
+        """CREATE TABLE cells (
+            handle TEXT NOT NULL, seq {int} NOT NULL, cell TEXT NOT NULL,
+            PRIMARY KEY (handle, seq));
+        ALTER TABLE notebooks ADD COLUMN materialised {int} NOT NULL DEFAULT 0""",
     ],
     "links": [
         """CREATE TABLE IF NOT EXISTS links (
