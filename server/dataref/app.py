@@ -24,7 +24,7 @@ from pydantic import Field
 from . import __version__, compute
 from .auth import OwnerResolver, Transport, build_auth
 from .config import Settings
-from .edge import AuthAuditMiddleware, ExposureMiddleware
+from .edge import ExposureMiddleware, register_operations_routes
 from .errors import DatarefError
 from .metrics import Metrics
 from .producers import Producer
@@ -382,26 +382,3 @@ def register_transcript_tools(mcp: FastMCP, app: App) -> None:
     async def notebook_resource(handle: str) -> str:
         """One of your notebooks, exported data-free (.ipynb JSON)."""
         return await read_owned(app, exported_json, handle)
-
-
-# -- operations: /metrics, and the HTTP middleware that audits authentication failures ----
-
-
-def register_operations_routes(mcp: FastMCP, app: App) -> None:
-    """GET /metrics (Prometheus text), behind its own bearer token ([metrics] token)."""
-    from starlette.requests import Request
-    from starlette.responses import Response
-
-    from .edge import metrics_response
-
-    @mcp.custom_route("/metrics", methods=["GET"])
-    async def metrics(request: Request) -> Response:
-        return await metrics_response(app, request)
-
-
-def http_middleware(mcp: FastMCP) -> list[Any]:
-    """ASGI middleware of ``dataref serve --http``: every 401/403 becomes an audit event."""
-    from starlette.middleware import Middleware as ASGIMiddleware
-
-    edge = next(m for m in mcp.middleware if isinstance(m, ExposureMiddleware))
-    return [ASGIMiddleware(AuthAuditMiddleware, app=edge.app)]

@@ -123,7 +123,8 @@ def page_command(settings: Settings, args: argparse.Namespace) -> int:
 
 
 def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:
-    from .app import create_app, http_middleware
+    from .app import create_app
+    from .edge import http_middleware
     from .logs import configure_logging
 
     configure_logging(settings)

@@ -284,3 +284,24 @@ async def metrics_response(app: App, request: Any) -> Any:
         )
     body = await asyncio.to_thread(app.metrics.render)
     return Response(body, media_type=CONTENT_TYPE)
+
+
+# -- operations: /metrics, and the HTTP middleware that audits authentication failures ----
+
+
+def register_operations_routes(mcp: Any, app: App) -> None:
+    """GET /metrics (Prometheus text), behind its own bearer token ([metrics] token)."""
+    from starlette.requests import Request
+    from starlette.responses import Response
+
+    @mcp.custom_route("/metrics", methods=["GET"])
+    async def metrics(request: Request) -> Response:
+        return await metrics_response(app, request)
+
+
+def http_middleware(mcp: Any) -> list[Any]:
+    """ASGI middleware of ``dataref serve --http``: every 401/403 becomes an audit event."""
+    from starlette.middleware import Middleware as ASGIMiddleware
+
+    edge = next(m for m in mcp.middleware if isinstance(m, ExposureMiddleware))
+    return [ASGIMiddleware(AuthAuditMiddleware, app=edge.app)]
