@@ -44,12 +44,13 @@ def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
     a, b = two_replicas(tmp_path, state_url)
     try:
         rows = set()
-        for db in a.state.databases():  # three SQLite files, or one PostgreSQL database
+        for db in a.state.databases():  # four SQLite files, or one PostgreSQL database
             with db.tx() as cur:
                 rows |= {
                     tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()
                 }
-        expected = {("artifacts", 1), ("links", 1)} | {("notebooks", v) for v in (1, 2, 3)}
+        expected = {("artifacts", 1), ("links", 1), ("page", 1)}
+        expected |= {("notebooks", v) for v in (1, 2, 3)}
         assert rows == expected
         assert len(STEPS["notebooks"]) == 3
         a.state.ping()
@@ -120,6 +121,27 @@ def _processes(target, args_list):
     for p in procs:
         p.join(60)
     return results
+
+
+def test_a_page_session_and_what_a_call_showed_are_seen_by_every_replica(tmp_path, state_url):
+    from dataref.shown import Shown
+    from dataref.web.sessions import Sessions
+
+    a, b = two_replicas(tmp_path, state_url)
+    try:
+        on_a, on_b = Sessions(a.state.page_db, 60), Sessions(b.state.page_db, 60)
+        cookie = on_a.create("alice")
+        assert on_b.get(cookie).owner == "alice"  # signed in on one, known on the other
+        on_b.end(cookie)
+        assert on_a.get(cookie) is None  # signed out on one, out everywhere
+        Shown(a.state.page_db).add("alice", "nb", "x = 1", {"ok": True, "result": 1})
+        Shown(b.state.page_db).add("alice", "nb", "x", {"ok": True, "result": 2})
+        seen = Shown(b.state.page_db).of_notebook("alice", "nb")
+        assert [body["result"] for _, body in seen] == [1, 2]
+        assert Shown(a.state.page_db).of_notebook("bob", "nb") == []
+    finally:
+        a.close()
+        b.close()
 
 
 def test_the_owner_quota_holds_across_processes_writing_at_once(tmp_path, state_url):

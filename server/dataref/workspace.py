@@ -42,7 +42,7 @@ class Workspace:
         self.downloads = Downloads(
             settings.state_dir / "exports", db=state.links_db, blobs=state.export_blobs
         )
-        self.shown = Shown(settings.state_dir / "page")  # what calls showed, for the page
+        self.shown = Shown(state.page_db)  # what calls showed, for the page
         self.ledger = SQLiteLedger(settings.state_dir / "ledger")
         self.exposure = Exposure(settings, self.ledger, self.store)
         self.producers: ProducerRegistry = load_producers(settings)

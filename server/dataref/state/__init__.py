@@ -2,9 +2,10 @@
 
 Embedded default (one machine, no extra services): SQLite files under the state dir (the
 artifact index in ``store/meta.sqlite``, notebooks in ``notebooks/``, download links in
-``exports/links.sqlite``), bytes in the state dir, ``flock`` locks. Several processes on one
-machine (``--workers``) share it safely. Replicas on several machines set ``state.url`` to
-PostgreSQL (one database for all three indexes, advisory locks) and ``store.blobs`` to a
+``exports/links.sqlite``, the page's sessions and what calls showed in ``page/page.sqlite``),
+bytes in the state dir, ``flock`` locks. Several processes on one machine (``--workers``)
+share it safely. Replicas on several machines set ``state.url`` to
+PostgreSQL (one database for all four, advisory locks) and ``store.blobs`` to a
 shared directory or S3.
 """
 
@@ -27,6 +28,7 @@ class State:
     artifacts_db: Database
     notebooks_db: Database
     links_db: Database
+    page_db: Database
     artifact_blobs: BlobStore
     export_blobs: BlobStore
     notebook_locks: NotebookLocks
@@ -41,7 +43,7 @@ class State:
         self.export_blobs.ping()
 
     def databases(self) -> list[Database]:
-        return [self.artifacts_db, self.notebooks_db, self.links_db]
+        return [self.artifacts_db, self.notebooks_db, self.links_db, self.page_db]
 
     def close(self) -> None:
         self.leadership.release()
@@ -49,9 +51,9 @@ class State:
             db.close()
 
 
-def sqlite_db(path: Path, component: str) -> SQLiteDatabase:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = SQLiteDatabase(path)
+def sqlite_db(path: Path, component: str, *, synchronous: str = "FULL") -> SQLiteDatabase:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    db = SQLiteDatabase(path, synchronous=synchronous)
     migrate(db, component)
     return db
 
@@ -81,19 +83,23 @@ def open_state(settings: Settings) -> State:
             sqlite_db(root / "store" / "meta.sqlite", "artifacts"),
             sqlite_db(root / "notebooks" / "notebooks.sqlite", "notebooks"),
             sqlite_db(root / "exports" / "links.sqlite", "links"),
+            # Sessions and what calls showed are the page's copies: a crash of the machine
+            # may lose the last ones, never a call, so no fsync per commit.
+            sqlite_db(root / "page" / "page.sqlite", "page", synchronous="NORMAL"),
         ]
         file_locks = FileLocks(root / "locks")
         locks: FileLocks | PgLocks = file_locks
     else:
         pg = PostgresDatabase(url, pool_size=settings.state.pool_size)
-        for component in ("artifacts", "notebooks", "links"):
+        for component in ("artifacts", "notebooks", "links", "page"):
             migrate(pg, component)
-        dbs = [pg, pg, pg]
+        dbs = [pg, pg, pg, pg]
         locks = PgLocks(url)
     return State(
         artifacts_db=dbs[0],
         notebooks_db=dbs[1],
         links_db=dbs[2],
+        page_db=dbs[3],
         artifact_blobs=artifact_blobs,
         export_blobs=export_blobs,
         notebook_locks=NotebookLocks(locks, timeout=settings.state.lock_timeout_seconds),

@@ -12,8 +12,12 @@ from .db import Database
 
 _REAL = {"sqlite": "REAL", "postgresql": "DOUBLE PRECISION"}
 _INT = {"sqlite": "INTEGER", "postgresql": "BIGINT"}
+_SERIAL = {
+    "sqlite": "INTEGER PRIMARY KEY AUTOINCREMENT",
+    "postgresql": "BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY",
+}
 
-# component -> steps; {real}/{int} become each dialect's types.
+# component -> steps; {real}/{int}/{serial} become each dialect's types.
 STEPS: dict[str, list[str]] = {
     "artifacts": [
         """CREATE TABLE IF NOT EXISTS artifacts (
@@ -47,6 +51,18 @@ STEPS: dict[str, list[str]] = {
             created {real} NOT NULL, expires {real} NOT NULL);
         CREATE INDEX IF NOT EXISTS links_expires ON links(expires)""",
     ],
+    # The page's browser sessions (web/sessions.py) and what each call showed (shown.py):
+    # in the shared database too, so any replica serves a signed-in person the whole page.
+    "page": [
+        """CREATE TABLE IF NOT EXISTS sessions (
+            id_hash TEXT PRIMARY KEY, owner TEXT NOT NULL, csrf TEXT NOT NULL,
+            created {real} NOT NULL, expires {real} NOT NULL);
+        CREATE INDEX IF NOT EXISTS sessions_expires ON sessions(expires);
+        CREATE TABLE IF NOT EXISTS shown (
+            seq {serial}, owner TEXT NOT NULL, handle TEXT NOT NULL,
+            code_hash TEXT NOT NULL, at {real} NOT NULL, body TEXT NOT NULL);
+        CREATE INDEX IF NOT EXISTS shown_notebook ON shown(owner, handle, seq)""",
+    ],
 }
 
 
@@ -67,7 +83,9 @@ def migrate(db: Database, component: str) -> int:
         for version, step in enumerate(steps, start=1):
             if version in done:
                 continue
-            sql = step.format(real=_REAL[db.dialect], int=_INT[db.dialect])
+            sql = step.format(
+                real=_REAL[db.dialect], int=_INT[db.dialect], serial=_SERIAL[db.dialect]
+            )
             for statement in filter(str.strip, sql.split(";")):
                 cur.execute(statement)
             cur.execute(

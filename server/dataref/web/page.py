@@ -53,7 +53,7 @@ class Page:
         self._workspace = workspace
         self.check_token = check_token
         self.mode = mode  # "server" | "view"
-        self.sessions = Sessions(settings.state_dir / "page", settings.page.session_ttl_seconds)
+        self._sessions: Sessions | None = None
         self.changes = Changes()
         self.env = Environment(
             loader=FileSystemLoader(templates_dir()),
@@ -61,6 +61,14 @@ class Page:
             trim_blocks=True,
             lstrip_blocks=True,
         )
+
+    @property
+    def sessions(self) -> Sessions:
+        """In the state's page database, so every replica knows every session."""
+        if self._sessions is None:
+            db = self._workspace().state.page_db
+            self._sessions = Sessions(db, self.settings.page.session_ttl_seconds)
+        return self._sessions
 
     def workspace(self) -> Workspace:
         ws = self._workspace()
