@@ -241,3 +241,21 @@ async def test_concurrent_calls_on_one_notebook_run_one_at_a_time_across_replica
     recorded = [int(src.split("# slow ", 1)[1].split("\n", 1)[0]) for src in slow]
     ran = sorted(range(6), key=lambda i: outs[i]["result"][0])
     assert recorded == ran  # cells in the order the calls ran
+
+
+async def test_a_person_signed_in_through_one_replica_sees_every_call_on_every_replica(cluster):
+    """The page's sessions and what calls showed are shared state, like the transcript."""
+    async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
+        handle = (await call(alice, "run_python", {"code": "result = 6 * 7"}))["notebook"]
+        await call(alice, "run_python", {"code": "print('from another replica')"})
+    before = cluster.requests_per_replica()
+    with httpx2.Client(base_url=cluster.url) as browser:
+        signin = browser.post("/signin", data={"token": "tok-alice"}, follow_redirects=False)
+        assert signin.status_code == 303, signin.text
+        for _ in range(6):  # round robin: two pages from each replica
+            page = browser.get(f"/notebooks/{handle}")
+            assert page.status_code == 200, page.text
+            assert '<span class="label">result</span><pre>42</pre>' in page.text
+            assert "from another replica" in page.text
+    spread = {n: c - before.get(n, 0) for n, c in cluster.requests_per_replica().items()}
+    assert len(spread) == 3 and min(spread.values()) >= 2, spread
