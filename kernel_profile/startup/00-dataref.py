@@ -320,6 +320,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
                 raise DatarefInputError(state["bind_error"])
             return node
 
+    load_convert(shell.profile_dir.startup_dir, "memory").install(shell, pa)
     transfer = load_convert(shell.profile_dir.startup_dir, "transfer")
     transfer.install(shell, staged, out_root, __import__("numpy"), pa)
     shell.input_transformers_cleanup.insert(0, strip_header)
