@@ -8,15 +8,17 @@ block over 32 MB back to the system on free() (mmap/munmap), so every call of an
 session faulted all of it in again.
 
 How: the sandbox starts the kernel with ``GLIBC_TUNABLES`` (``MALLOC_TUNABLES`` in
-dataref.kernels.sandbox) that serve every allocation from the heap and never trim it on free(),
-so the next call reuses the pages; and this module's thread calls ``malloc_trim(0)`` once the kernel has been idle for
-``IDLE_SECONDS``, so a kernel left alone returns what it no longer uses. Peak memory is
+dataref.kernels.sandbox) that serve every allocation from the heap and never trim it on
+free(), so the next call reuses the pages; and this module's thread calls ``malloc_trim(0)``
+once the kernel has been idle for ``IDLE_SECONDS``, so a kernel left alone returns what it no
+longer uses. Peak memory is
 unchanged (the same allocations, reused); a kernel's footprint stays bounded by its
 RLIMIT_AS, which the server's memory budget already reserves in full.
 
 Loaded by 00-dataref.py by path (like convert.py).
 """
 
+import contextlib
 import ctypes
 import threading
 import time
@@ -53,10 +55,9 @@ class IdleRelease:
                     left = None if self._due is None else self._due - time.monotonic()
                     self._cv.wait(left)
                 self._due = None
-            try:
+            # never let the thread die: the next idle period tries again
+            with contextlib.suppress(Exception):
                 self._release()
-            except Exception:  # never let the thread die; the next idle period tries again
-                pass
 
 
 def glibc_trim():
