@@ -6,6 +6,10 @@ now bound ("bound"), then the in-process floor in this process (``inproc_qoq``: 
 + ``to_pandas`` + the QoQ code, first run and again). Rounds alternate so that all of them
 see the same load on a shared machine; medians are printed. Writes nothing in the tree.
 
+``--bench`` instead runs exactly what ``make bench`` runs on dataref at 5M rows (three article
+sessions, the bind-memory probe, the bound QoQ calls alternating with the in-process runs)
+and prints the two 5M targets as the report computes them.
+
 ``--spans`` also hooks the kernel's cell events (a call of its own, before the rounds) and
 prints where a staged call's time goes: server before the kernel sees the cell, binding,
 the code, collecting (the output artifact), and server after the reply.
@@ -205,6 +209,30 @@ async def main_async(
             shutil.rmtree(work, ignore_errors=True)
 
 
+async def bench_5m(keep: bool) -> str:
+    """The 5M part of ``make bench`` for dataref alone, and its two targets."""
+    from .fmt import View
+    from .runner import bench_server
+    from .targets import bind_memory, compute_5m
+
+    work = Path(tempfile.mkdtemp(prefix="dataref-bigstage-"))
+    try:
+        cache = cache_dir()
+        sales_path(ROWS)
+        result = await bench_server("dataref", SCALES[2], work, cache)
+    finally:
+        if keep:
+            print(f"work dir kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+    view = View({"servers": {"dataref": {"5M": result}}})
+    staged = [f"{x * 1000:.0f} ms" for x in result["session"]["step_seconds"]["qoq"]]
+    lines = [f"QoQ call of each session (it stages the input): {', '.join(staged)}"]
+    for verdict in (compute_5m(view), bind_memory(view)):
+        lines.append(f"{verdict.target}: {verdict.measured} ({verdict.passed})")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.benchmarks.bigstage", description=__doc__
@@ -219,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
         help="NAME[:KEY=VALUE,...]: a server (with extra environment); several alternate",
     )
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
+    parser.add_argument("--bench", action="store_true", help="the 5M part of `make bench`")
     args = parser.parse_args(argv)
+    if args.bench:
+        print(asyncio.run(bench_5m(args.keep)))
+        return 0
     variants = [parse_variant(v) for v in args.variant] or [("dataref", {})]
     out = asyncio.run(main_async(args.reps, args.spans, args.keep, variants))
     print(summary(out))
