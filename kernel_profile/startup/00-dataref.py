@@ -78,10 +78,11 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     def load(source):
         """The input as a DataFrame without copying it: memory-mapped (or the buffer a gateway
         kernel received), one block per column
-        (``split_blocks``), so numeric columns stay read-only views of the mapping and strings
-        stay Arrow-backed. Same dtypes and values as a plain ``to_pandas()``, but binding 5M
-        rows adds about the Arrow size to the kernel instead of twice that, and the first
-        query does not fault in fresh copies. The agent only ever gets shallow copies of this
+        (``split_blocks``), so numeric columns of a one-batch file stay read-only views of the
+        mapping and strings stay Arrow-backed (a file of several batches - the store writes
+        1M-row batches - has each numeric column joined once into one array). Same dtypes and
+        values as a plain ``to_pandas()``, but binding 5M rows adds about the Arrow size to the
+        kernel instead of twice that. The agent only ever gets shallow copies of this
         pristine frame, and it stays alive (``pinned``) as long as any frame sharing its data
         does, so pandas' copy-on-write always sees a reference and copies a column before the
         agent's code writes to it: writes never hit the read-only mapping, even in a frame
@@ -320,6 +321,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
                 raise DatarefInputError(state["bind_error"])
             return node
 
+    load_convert(shell.profile_dir.startup_dir, "memory").install(shell, pa)
     transfer = load_convert(shell.profile_dir.startup_dir, "transfer")
     transfer.install(shell, staged, out_root, __import__("numpy"), pa)
     shell.input_transformers_cleanup.insert(0, strip_header)

@@ -90,7 +90,11 @@ only this.
   a frame loaded the way a kernel loads it (memory-map + `to_pandas(split_blocks=True)`): its
   first run on the freshly loaded frame (it pays the first-touch costs of a memory-mapped
   frame, as the kernel's first call does) and a second run. The in-process reps alternate with the
-  bound-input calls (5 each), so both see the same load on the shared machine.
+  bound-input calls (5 each), so both see the same load on the shared machine. The three
+  sessions run in one kernel: the first touches memory that kernel never had (on this VM a
+  fresh page can cost a host fault), the later ones reuse what the earlier calls freed (the
+  kernel keeps it until it has been idle for a minute); the target's reason lists each
+  session's time. `python -m tests.benchmarks.bigstage` runs only this workload.
 * **Binding memory**: on the 5M server, a new notebook (the warm spare kernel) reports its
   own VmHWM (`/proc/self/status`), then binds the fetched 5M-row artifact and reports it
   again, with the size of the staged Arrow file; nothing else runs in that kernel.

@@ -172,7 +172,10 @@ def compute_5m(v: View) -> Verdict:
         f"bound, {times(r_warm)} the in-process second run ({ms(warm)} vs {ms(in_again)}). "
         f"Both dataref calls also carry the fixed cost of a call "
         f"({ms(median(v.srv('dataref', '50k', 'per_call')))} for a trivial one) and store "
-        f"the `qoq` output as a new artifact"
+        f"the `qoq` output as a new artifact. The QoQ call of each session, in one kernel: "
+        + ", ".join(ms(x) for x in v.srv("dataref", "5M", "session", "step_seconds", "qoq") or [])
+        + " (the first touches memory the kernel never had; the later ones reuse what the "
+        "earlier calls freed)"
     )
     return Verdict(
         "at 5M rows, the call that stages a fresh input ≤ 1.5× the in-process first run "

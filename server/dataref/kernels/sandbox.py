@@ -46,6 +46,10 @@ from ..config import Settings
 
 SANDBOX = "/sandbox"
 INPUTS_INSIDE = "/sandbox/inputs"
+# Freed memory stays in the kernel for its next call (no mmap'd blocks, no trim on free), and
+# the profile's lib/memory.py trims it once the kernel is idle: fresh pages cost a fault (on a
+# VM often a host fault too), reused ones do not.
+MALLOC_TUNABLES = "glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=18446744073709551615"
 OUTPUTS_INSIDE = "/sandbox/.dataref/out"
 VENV_INSIDE = "/opt/venv"
 STARTUP_INSIDE = "/tmp/.ipython/profile_default/startup"
@@ -311,6 +315,7 @@ def kernel_env(box: KernelBox, runtime: Runtime) -> dict[str, str]:
         "PYDEVD_DISABLE_FILE_VALIDATION": "1",
         # RLIMIT_AS counts address space: glibc reserves 64 MiB per malloc arena
         "MALLOC_ARENA_MAX": "2",
+        "GLIBC_TUNABLES": MALLOC_TUNABLES,
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
