@@ -22,7 +22,6 @@ import adbc_driver_sqlite.dbapi as adbc_sqlite
 from tests.pg_server import running_server
 
 from .clients import VENV_BIN, ServerSpec, dataref_env, stdio_server
-from .memory import _stat_ppid
 
 PAGE_KIB = os.sysconf("SC_PAGE_SIZE") // 1024
 
@@ -41,6 +40,14 @@ CREATE ROLE bench_reader NOLOGIN;
 GRANT bench_reader TO bench_login;
 GRANT SELECT ON wide TO bench_reader;
 """
+
+
+def parent_of(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(text[text.rfind(")") + 2 :].split()[1])  # the name may hold spaces and ')'
 
 
 def rss_kib(pid: int) -> int:
@@ -71,7 +78,7 @@ class TreeRss:
         for gone in self._parents.keys() - pids:
             del self._parents[gone]
         for new in pids - self._parents.keys():
-            self._parents[new] = _stat_ppid(new)
+            self._parents[new] = parent_of(new)
         children: dict[int, list[int]] = {}
         for pid, ppid in self._parents.items():
             children.setdefault(ppid or 0, []).append(pid)
