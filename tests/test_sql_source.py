@@ -279,3 +279,39 @@ def test_columns_declared_as_dates_arrive_as_datetimes(tmp_path):
             conn.commit()
         sql(settings, "SELECT d FROM t")
     assert sql(settings, "SELECT CAST(d AS TEXT) AS d FROM t")["d"].tolist()[-1] == "not a date"
+
+
+def test_a_query_stopped_mid_stream_is_refused_never_returned_short(tmp_path, built_db):
+    """Batches already streamed when the timer kills the child do not pass for a result."""
+    endless = SourceSettings(path=built_db, timeout_seconds=0.5, row_cap=10**9)
+    settings = Settings(state_dir=tmp_path / "s", demo={"enabled": False},
+                        sources={"endless": endless})  # fmt: skip
+    many = (
+        "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n LIMIT 500000000) "
+        "SELECT x, x * 2 AS y FROM n"
+    )
+    batches = run_sqlite(settings, "endless", endless, "bob", many)
+    seen = 0
+    with pytest.raises(LimitExceeded, match=r"longer than 0.5s - add a WHERE or LIMIT"):
+        for batch in batches:
+            seen += batch.num_rows
+    batches.close()
+    assert seen > 0  # the stream had started: the refusal came mid-stream
+
+
+def test_a_bad_date_after_many_batches_refuses_the_whole_result(tmp_path):
+    db = tmp_path / "late.sqlite"
+    with closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE t (d DATE)")
+        conn.executemany("INSERT INTO t VALUES (?)", [("2025-01-01",)] * 200_000)
+        conn.execute("INSERT INTO t VALUES ('not a date')")
+        conn.commit()
+    settings = Settings(state_dir=tmp_path / "s", demo={"enabled": False},
+                        sources={"late": SourceSettings(path=db)})  # fmt: skip
+    batches = run_sqlite(settings, "late", settings.sources["late"], "bob", "SELECT d FROM t")
+    seen = 0
+    with pytest.raises(InvalidRequest, match=r"declared as a date.*CAST\(d AS TEXT\)"):
+        for batch in batches:
+            seen += batch.num_rows
+    batches.close()
+    assert seen >= 65_536  # earlier batches had arrived before the refusal

@@ -1,5 +1,12 @@
 """The child process that runs one SQLite query and streams it back as Arrow IPC batches.
 
+Two pipes join it to the server: a control pipe (``READY`` first, then ``END`` with the row
+count, or ``ERROR`` with SQLite's message) and a data pipe carrying the result as one Arrow
+IPC stream, written batch by batch straight from the driver's buffers and read by the server
+without a copy through Python. The data pipe is closed before the last control message, so
+the server knows the stream is over; a stream is complete only when ``END`` follows it with
+the same row count.
+
 A query runs in a process of its own (forked from a forkserver that has already imported
 this module) because SQLite through ADBC cannot be interrupted: a statement that runs past
 the timeout is stopped by killing its process, not left burning a server thread.
@@ -27,8 +34,12 @@ import pyarrow as pa
 # Imported by the forkserver before it forks (see producers/sqlite_source); the server itself
 # never needs them, so they are imported where used. This module lives outside
 # dataref.producers so that the forkserver does not import pandas for nothing.
+# The low-level driver only: ADBC's DB-API layer would add pandas (about 100 MiB) to the
+# forkserver and so to every child's resident pages.
 PRELOAD = (
-    "adbc_driver_sqlite.dbapi",
+    "adbc_driver_manager",
+    "adbc_driver_sqlite",
+    "sqlglot.dialects.sqlite",
     "sqlglot.optimizer.qualify",
     "sqlglot.optimizer.annotate_types",
 )
@@ -40,9 +51,10 @@ ALLOWED_ACTIONS = frozenset(
 DENIED_FUNCTIONS = frozenset({"load_extension", "fts3_tokenizer", "readfile", "writefile"})
 TIMESTAMP = pa.timestamp("us")
 
-# Message tags: each is followed by one payload message.
-SCHEMA, BATCH, ERROR, END = b"S", b"B", b"E", b"Z"
-READY = b"R"  # sent first, alone: the statement timeout starts from here
+# Control messages: READY first, alone (the statement timeout starts from here); then END
+# followed by the row count sent, or ERROR followed by (message, denied).
+READY, ERROR, END = b"R", b"E", b"Z"
+PIPE_BYTES = 1 << 20  # the data pipe's buffer (Linux's default 64 KiB costs a switch per 64 KiB)
 
 
 class QueryError(Exception):
@@ -166,8 +178,8 @@ def adbc_message(exc: Exception) -> str:
     return text[:500] or type(exc).__name__
 
 
-def serve(job: dict[str, Any], out: Connection) -> None:
-    """Entry point of the child: run ``job`` and stream the result (or an error) to ``out``."""
+def serve(job: dict[str, Any], out: Connection, data: Connection) -> None:
+    """Entry point of the child: run ``job``, stream the result to ``data``, report on ``out``."""
     out.send_bytes(READY)
     try:
         path = Path(job["path"])
@@ -175,18 +187,24 @@ def serve(job: dict[str, Any], out: Connection) -> None:
             path = restricted_copy(path, Path(job["tmpdir"]) / "view.sqlite", job["owner"],
                                    job["regions"])  # fmt: skip
         dates = check_and_type(path, job["sql"])
-        _stream(path, job["sql"], dates, out)
+        rows = _stream(path, job["sql"], dates, data)
+        data.close()
+        out.send_bytes(END)
+        out.send(rows)
     except QueryError as exc:
+        data.close()
         out.send_bytes(ERROR)
         out.send((str(exc), exc.denied))
     except Exception as exc:  # SQLite's message through ADBC: keep the part after the code
+        data.close()
         out.send_bytes(ERROR)
         out.send((adbc_message(exc), False))
     finally:
         out.close()
 
 
-def _stream(path: Path, sql: str, dates: set[str], out: Connection) -> None:
+def _stream(path: Path, sql: str, dates: set[str], data: Connection) -> int:
+    """Run ``sql`` and write its rows to ``data`` as one Arrow IPC stream; the row count."""
     # ADBC's low-level API: its DB-API layer would import polars and pandas in every child.
     import adbc_driver_manager as adbc
     import adbc_driver_sqlite
@@ -194,31 +212,33 @@ def _stream(path: Path, sql: str, dates: set[str], out: Connection) -> None:
     database = adbc_driver_sqlite.connect(f"{path.resolve().as_uri()}?mode=ro")
     conn = adbc.AdbcConnection(database)
     statement = adbc.AdbcStatement(conn)
+    rows = 0
     try:
         statement.set_sql_query("PRAGMA query_only = ON")
         statement.execute_update()
         statement.set_options(**{"adbc.sqlite.query.batch_rows": str(BATCH_ROWS)})
         statement.set_sql_query(sql)
         handle, _ = statement.execute_query()
-        reader = pa.RecordBatchReader._import_from_c(handle.address)
-        schema = pa.schema(
-            [
-                pa.field(
-                    f.name,
-                    TIMESTAMP if f.name in dates and pa.types.is_string(f.type) else f.type,
-                )
-                for f in reader.schema
-            ]
-        )
-        out.send_bytes(SCHEMA)
-        out.send_bytes(schema.serialize())
-        for batch in reader:
-            payload = _as_dates(batch, dates).serialize()  # may refuse: before the tag
-            out.send_bytes(BATCH)
-            out.send_bytes(payload)
-        out.send_bytes(END)
-        reader.close()
+        with pa.RecordBatchReader._import_from_c(handle.address) as reader:
+            schema = pa.schema(
+                [
+                    pa.field(
+                        f.name,
+                        TIMESTAMP if f.name in dates and pa.types.is_string(f.type) else f.type,
+                    )
+                    for f in reader.schema
+                ]
+            )
+            # Buffered: a write to a pipe may be partial, BufferedWriter finishes it.
+            with (
+                open(data.fileno(), "wb", closefd=False) as sink,
+                pa.ipc.new_stream(sink, schema) as writer,
+            ):
+                for batch in reader:
+                    writer.write_batch(_as_dates(batch, dates))
+                    rows += batch.num_rows
     finally:
         statement.close()
         conn.close()
         database.close()
+    return rows

@@ -34,6 +34,7 @@ from .files import part_name, remove_stale_parts, storage_error
 from .state import sqlite_db
 from .state.blobs import BlobStore, FileBlobs
 from .state.db import Cursor, Database
+from .writeback import Writeback
 
 REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
 # What a ref we minted looks like; anything else is unknown without asking the database
@@ -147,9 +148,11 @@ class ArtifactStore:
         # Refuse before writing when the in-memory size already tells the cap is exceeded.
         self._check_cap(table.nbytes)
 
-        def write(f: Any) -> None:
+        def write(f: Any, flush: Writeback) -> None:
             with pa.ipc.new_file(f, table.schema) as writer:
-                writer.write_table(table, max_chunksize=1 << 20)
+                for batch in table.to_batches(max_chunksize=1 << 20):
+                    writer.write_batch(batch)
+                    flush.progress()
 
         return self._commit(
             owner,
@@ -177,13 +180,14 @@ class ArtifactStore:
         """
         rows = 0
 
-        def write(f: Any) -> None:
+        def write(f: Any, flush: Writeback) -> None:
             nonlocal rows
             with pa.ipc.new_file(f, schema) as writer:
                 for batch in batches:
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     self._check_cap(f.tell())
+                    flush.progress()
 
         return self._commit(
             owner,
@@ -211,7 +215,7 @@ class ArtifactStore:
         self._check_cap(len(data))
         return self._commit(
             owner,
-            lambda f: f.write(data),
+            lambda f, _: f.write(data),
             kind=kind,
             media_type=media_type,
             suffix=suffix,
@@ -233,7 +237,7 @@ class ArtifactStore:
     def _commit(
         self,
         owner: str,
-        write: Callable[[Any], Any],
+        write: Callable[[Any, Writeback], Any],
         *,
         kind: str,
         media_type: str,
@@ -279,11 +283,10 @@ class ArtifactStore:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
 
-    def _write_file(self, part: Path, write: Callable[[Any], Any]) -> int:
-        with open(part, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
+    def _write_file(self, part: Path, write: Callable[[Any, Writeback], Any]) -> int:
+        with open(part, "wb") as f, Writeback(f) as flush:
+            write(f, flush)
+            flush.durable()
         # World-readable inside a 0700 store: only hard links in a kernel's inputs dir expose it.
         os.chmod(part, 0o644)
         return part.stat().st_size
