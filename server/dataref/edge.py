@@ -84,13 +84,13 @@ def scope_of(ws: Workspace, owner: str, tool: str, args: dict[str, Any]) -> Scop
 
 
 def admit(
-    ws: Workspace, owner: str, tool: str, args: dict[str, Any]
+    ws: Workspace, owner: str, tool: str, args: dict[str, Any], *, budgeted: bool
 ) -> tuple[Scope, BudgetSpent | None]:
-    """The call's scope and, for a tool or resource that returns data, the budget refusal
+    """The call's scope and, when it is ``budgeted`` (it returns data), the budget refusal
     if one of its sources is spent (returned, not raised: the refusal is recorded too).
     One thread hop for both look-ups."""
     scope = scope_of(ws, owner, tool, args)
-    if tool in DATA_TOOLS or tool in DATA_RESOURCES or tool in ws.producers:
+    if budgeted:
         try:
             ws.exposure.check(owner, scope.sources)
         except BudgetSpent as exc:
@@ -128,7 +128,8 @@ class ExposureMiddleware(Middleware):
         name = safe_name(context.message.name)
         args = dict(context.message.arguments or {})
         owner = self.app.owners.current()
-        scope, spent = await asyncio.to_thread(admit, ws, owner, name, args)
+        budgeted = name in DATA_TOOLS or name in ws.producers
+        scope, spent = await asyncio.to_thread(admit, ws, owner, name, args, budgeted=budgeted)
         failure: BaseException | None = None
         result: Any = None
         try:
@@ -165,7 +166,9 @@ class ExposureMiddleware(Middleware):
         owner = self.app.owners.current()
         target = uri.rsplit("/", 1)[-1]
         args = {"ref": target} if kind != "notebooks" else {"notebook": target}
-        scope, spent = await asyncio.to_thread(admit, ws, owner, f"resource:{kind}", args)
+        tool = f"resource:{kind}"
+        budgeted = tool in DATA_RESOURCES
+        scope, spent = await asyncio.to_thread(admit, ws, owner, tool, args, budgeted=budgeted)
         failure: BaseException | None = None
         result: Any = None
         try:
