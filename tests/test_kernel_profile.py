@@ -127,6 +127,21 @@ async def test_a_successful_cell_returns_its_manifest_in_the_execute_reply(
     assert man["cell"] == "inreply" and man["result"] == "42"
 
 
+async def test_other_user_expressions_are_still_formatted_by_ipython(
+    kernel: NotebookKernel,
+) -> None:
+    code = "# dataref:" + json.dumps({"cell": "besides", "bind": {}, "reply": True})
+    result = await kernel.execute(
+        code + "\nresult = 1",
+        timeout_s=30,
+        user_expressions={"manifest": "__dataref_manifest__()", "other": "41 + 1"},
+    )
+    other = result.user_expressions["other"]
+    assert other["status"] == "ok" and other["data"]["text/plain"] == "42"
+    manifest_data = result.user_expressions["manifest"]["data"]
+    assert list(manifest_data) == ["application/vnd.dataref.collect+json"]
+
+
 async def test_a_failed_cell_publishes_its_manifest_even_when_the_reply_was_asked(
     kernel: NotebookKernel,
 ) -> None:

@@ -269,6 +269,17 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         manifest, state["manifest"] = state.get("manifest"), None
         return Manifest(manifest)
 
+    def format_user_obj(format_any):
+        """The reply's manifest as its bundle directly: the display formatter would run its
+        ten formatters on it first (about half a millisecond of every call)."""
+
+        def format_user_obj(obj):
+            if type(obj) is Manifest:
+                return {"status": "ok", "data": {mime: obj.manifest}, "metadata": {}}
+            return format_any(obj)
+
+        return format_user_obj
+
     # -- the header protocol --------------------------------------------------------------
 
     def parse_header(raw):
@@ -332,6 +343,8 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     ns["__dataref_bind__"] = bind
     ns["__dataref_collect__"] = collect
     ns["__dataref_manifest__"] = take_manifest
+    if hasattr(shell, "_format_user_obj"):  # IPython's formatter of user expressions
+        shell._format_user_obj = format_user_obj(shell._format_user_obj)
 
 
 _dataref_install(pandas, pyarrow, matplotlib.pyplot, _dataref_load_convert)

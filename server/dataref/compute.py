@@ -116,9 +116,9 @@ async def run_python(
         ) from None
     if size > MAX_CODE_BYTES:
         raise InvalidRequest(f"code is larger than {human_bytes(MAX_CODE_BYTES)} - send less code")
-    # State look-ups in a thread: on PostgreSQL each is a round trip the loop must not wait on.
-    ref_sensitive = await asyncio.to_thread(validate_inputs, ws, owner, inputs)
-    handle = await asyncio.to_thread(ws.transcripts.resolve, owner, notebook)
+    # State look-ups in a thread (on PostgreSQL each is a round trip the loop must not wait
+    # on), both in one hop.
+    ref_sensitive, handle = await asyncio.to_thread(_look_up, ws, owner, inputs, notebook)
     timeout = clamp_timeout(ws, timeout_s)
     if ws.pool is None:
         raise ComputeError(
@@ -130,6 +130,12 @@ async def run_python(
         kernel = await ws.pool.kernel(owner, handle)
         call = CellCall(owner, handle, "", code, inputs, any(ref_sensitive.values()), 0.0)
         return await _execute(ws, kernel, call, timeout, on_progress)
+
+
+def _look_up(
+    ws: Workspace, owner: str, inputs: dict[str, str], notebook: str | None
+) -> tuple[dict[str, bool], str]:
+    return validate_inputs(ws, owner, inputs), ws.transcripts.resolve(owner, notebook)
 
 
 async def _execute(

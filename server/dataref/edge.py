@@ -83,6 +83,21 @@ def scope_of(ws: Workspace, owner: str, tool: str, args: dict[str, Any]) -> Scop
     return scope
 
 
+def admit(
+    ws: Workspace, owner: str, tool: str, args: dict[str, Any], *, budgeted: bool
+) -> tuple[Scope, BudgetSpent | None]:
+    """The call's scope and, when it is ``budgeted`` (it returns data), the budget refusal
+    if one of its sources is spent (returned, not raised: the refusal is recorded too).
+    One thread hop for both look-ups."""
+    scope = scope_of(ws, owner, tool, args)
+    if budgeted:
+        try:
+            ws.exposure.check(owner, scope.sources)
+        except BudgetSpent as exc:
+            return scope, exc
+    return scope, None
+
+
 def refusal_kind(exc: BaseException) -> str | None:
     """The kind of refusal an error is: budget, access (grant) or not_found (maybe foreign)."""
     cause: BaseException | None = exc
@@ -113,12 +128,13 @@ class ExposureMiddleware(Middleware):
         name = safe_name(context.message.name)
         args = dict(context.message.arguments or {})
         owner = self.app.owners.current()
-        scope = await asyncio.to_thread(scope_of, ws, owner, name, args)
+        budgeted = name in DATA_TOOLS or name in ws.producers
+        scope, spent = await asyncio.to_thread(admit, ws, owner, name, args, budgeted=budgeted)
         failure: BaseException | None = None
         result: Any = None
         try:
-            if name in DATA_TOOLS or name in ws.producers:
-                await asyncio.to_thread(ws.exposure.check, owner, scope.sources)
+            if spent is not None:
+                raise spent
             result = await call_next(context)
             reply = reply_of(result)
         except BudgetSpent as exc:
@@ -150,12 +166,14 @@ class ExposureMiddleware(Middleware):
         owner = self.app.owners.current()
         target = uri.rsplit("/", 1)[-1]
         args = {"ref": target} if kind != "notebooks" else {"notebook": target}
-        scope = await asyncio.to_thread(scope_of, ws, owner, f"resource:{kind}", args)
+        tool = f"resource:{kind}"
+        budgeted = tool in DATA_RESOURCES
+        scope, spent = await asyncio.to_thread(admit, ws, owner, tool, args, budgeted=budgeted)
         failure: BaseException | None = None
         result: Any = None
         try:
-            if scope.tool in DATA_RESOURCES:
-                await asyncio.to_thread(ws.exposure.check, owner, scope.sources)
+            if spent is not None:
+                raise spent
             result = await call_next(context)
             sizes, body = measure_resource(result.to_mcp_result(uri))
         except BudgetSpent as exc:

@@ -3,8 +3,10 @@ beside userns mode (the same server run as an ordinary account). Both run the ac
 of the checkout and its venv, so the interpreter and the code are the same.
 
 Measured per mode: the first call of a new notebook (a warm spare is ready) and the warm
-per-call time of a trivial ``run_python``. The account and its venv come from
-``tests/usermode/run.sh setup`` (what ``make test-user`` uses).
+per-call time of a trivial ``run_python``. Each first call waits until both servers are quiet
+(their spares started and idle): a first call takes a spare, and the replacement's start (a
+second or so of a core) must not land on the other mode's first call. The account and its
+venv come from ``tests/usermode/run.sh setup`` (what ``make test-user`` uses).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from fastmcp import Client
 from fastmcp.client.transports import StdioTransport
 
 from .data import REPO_ROOT
+from .memory import children_matching, cmdline, wait_workers_idle
 
 ACCOUNT = os.environ.get("DATAREF_TEST_USER", "dataref-user")
 FIRST_CALLS = 8
 WARM_CALLS = 40
-SPARE_WAIT_S = 6.0  # after each new notebook: the pool starts the next spare
+SPARE_WAIT_S = 30.0  # at most, for a server's spare to be started and idle
 
 
 def _server(mode: str, state: Path) -> StdioTransport:
@@ -73,13 +76,16 @@ async def measure(states: dict[str, Path]) -> dict[str, Any]:
         Client(_server(modes[1], states[modes[1]]), timeout=300) as b,
     ):
         clients = dict(zip(modes, (a, b), strict=True))
-        await asyncio.sleep(SPARE_WAIT_S)  # the first spares
+        roots = _server_pids()
+        for mode in modes:  # the first spares
+            await asyncio.to_thread(wait_workers_idle, roots[mode], 1, SPARE_WAIT_S)
         handles = dict.fromkeys(modes, "")
         for _ in range(FIRST_CALLS):
             for mode, client in clients.items():
                 seconds, handles[mode] = await _first_call(client, handles[mode])
                 out[mode]["first_call"].append(seconds)
-            await asyncio.sleep(SPARE_WAIT_S)
+                # the notebook's kernel and the replacement spare, started and idle
+                await asyncio.to_thread(wait_workers_idle, roots[mode], 2, SPARE_WAIT_S)
         for mode, client in clients.items():
             _, data = await _call(client, handles[mode], "import sys; result = sys.version")
             out[mode]["python"] = data["result"].split()[0]
@@ -89,6 +95,17 @@ async def measure(states: dict[str, Path]) -> dict[str, Any]:
             for mode, client in clients.items():
                 out[mode]["per_call"].append((await _call(client, handles[mode]))[0])
     return out
+
+
+def _server_pids() -> dict[str, int]:
+    """This process's two servers: userns is the one started through runuser."""
+    pids = {
+        "userns" if cmdline(pid).startswith("runuser") else "uid": pid
+        for pid in children_matching(os.getpid(), "dataref serve")
+    }
+    if set(pids) != {"uid", "userns"}:
+        raise RuntimeError(f"expected a uid and a userns server, found {pids}")
+    return pids
 
 
 def prepare_account() -> None:

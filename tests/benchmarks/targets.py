@@ -306,8 +306,9 @@ def user_mode(v: View) -> Verdict:
         passed,
         modes.get("error", "")
         or f"both servers ran at once from the same venv (Python {uid.get('python', '?')}), "
-        "their calls interleaved. A warm call crosses the same sandbox in both modes (Landlock "
-        "adds path checks to file opens only); a new notebook takes a warm spare in both",
+        "their calls interleaved; each first call waits until both servers' spares are "
+        "started and idle. A warm call crosses the same sandbox in both modes (Landlock adds "
+        "path checks to file opens only); a new notebook takes a warm spare in both",
     )
 
 

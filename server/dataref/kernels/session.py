@@ -241,6 +241,7 @@ async def execute_cell(
     interrupted_at: float | None = None
     reply: dict[str, Any] | None = None
     reply_at = 0.0
+    checked_at = start  # the process is polled at most every POLL_SECONDS, not per message
     while True:
         now = loop.time()
         if on_progress is not None and now >= next_progress:
@@ -255,12 +256,18 @@ async def execute_cell(
         if interrupted_at is not None and now >= interrupted_at + timers.grace_s:
             # the kernel did not come back from the interrupt: it must be restarted
             return _finish(collector, "timeout", now - start, reply, restarted=True), True
-        if not await is_alive():
-            return _finish(collector, "died", now - start, reply, restarted=True), True
-        try:
-            channel, msg = await asyncio.wait_for(channels.queue.get(), POLL_SECONDS)
-        except TimeoutError:
-            continue
+        if now >= checked_at + POLL_SECONDS:
+            checked_at = now
+            if not await is_alive():
+                return _finish(collector, "died", now - start, reply, restarted=True), True
+        try:  # a message already queued is taken without a timer and a task
+            channel, msg = channels.queue.get_nowait()
+        except asyncio.QueueEmpty:
+            try:
+                channel, msg = await asyncio.wait_for(channels.queue.get(), POLL_SECONDS)
+            except TimeoutError:  # quiet for a poll interval: is the process still there?
+                checked_at = min(checked_at, now - POLL_SECONDS)
+                continue
         if (msg.get("parent_header") or {}).get("msg_id") != msg_id:
             continue  # a late message of an earlier (interrupted) cell
         if channel == "shell":

@@ -37,6 +37,10 @@ class Held(Protocol):
 
 
 class Locks(Protocol):
+    # True when try_acquire and release never wait (a local file and a non-blocking flock):
+    # then they run on the event loop, not in a worker thread.
+    inline: bool
+
     def try_acquire(self, key: str) -> Held | None: ...
 
 
@@ -51,6 +55,8 @@ class _FileHeld:
 
 
 class FileLocks:
+    inline = True  # open(2) of a file in the state dir and flock(LOCK_NB): tens of microseconds
+
     def __init__(self, root: Path) -> None:
         self.root = Path(root)
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -91,6 +97,8 @@ class PgLocks:
     of their own (a session holds many locks; the asyncio lock per key in NotebookLocks keeps
     one holder per key in this process), so held locks never take connections from the
     query pool. ``dedicated`` locks (leadership) get a connection each."""
+
+    inline = False  # a round trip to the database: in a worker thread
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -155,14 +163,20 @@ class NotebookLocks:
             try:
                 yield
             finally:
-                await asyncio.to_thread(held.release)
+                if self.locks.inline:
+                    held.release()
+                else:
+                    await asyncio.to_thread(held.release)
 
     async def _acquire(self, key: str) -> Held:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         delay = 0.02
         while True:
-            held = await asyncio.to_thread(self.locks.try_acquire, key)
+            if self.locks.inline:
+                held = self.locks.try_acquire(key)
+            else:
+                held = await asyncio.to_thread(self.locks.try_acquire, key)
             if held is not None:
                 return held
             if loop.time() >= deadline:
