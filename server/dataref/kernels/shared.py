@@ -98,7 +98,8 @@ class SharedKernels:
 
     async def _touch(self, kernel: str, last_used: float) -> None:
         now = time.time()
-        if now - max(last_used, self._touched.get(kernel, 0.0)) > TOUCH_SECONDS:
+        every = min(TOUCH_SECONDS, self.pool.settings.kernels.idle_timeout_seconds / 4)
+        if now - max(last_used, self._touched.get(kernel, 0.0)) > every:
             self._touched[kernel] = now
             await self._db(self.map.touch, kernel)
 
