@@ -160,5 +160,11 @@ async def test_stopping_the_replicas_one_by_one_leaves_nothing_running_at_the_en
         replica.stop()
         assert mapped <= gateway_kernels(kg)  # the others still serve these notebooks
     alive[-1].stop()
-    assert not set(listed(cluster)) & gateway_kernels(kg)
+    logs = "\n".join(
+        line
+        for r in cluster.replicas
+        for line in r.log.read_text().splitlines()
+        if "tool_call" not in line
+    )
+    assert not set(listed(cluster)) & gateway_kernels(kg), logs[-6000:]
     assert listed(cluster) == {}

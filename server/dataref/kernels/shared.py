@@ -179,6 +179,12 @@ class SharedKernels:
             others = True
         keep = [k for k in kernels if others and k not in spares and k.notebook is not None]
         drop = [k for k in kernels if k not in keep]
+        log.info(
+            "stopping: %s; detaching %d kernels, shutting %d down",
+            "other replicas serve on" if others else "the last replica",
+            len(keep),
+            len(drop),
+        )
         await asyncio.gather(*(k.detach() for k in keep), return_exceptions=True)
         await asyncio.gather(*(k.shutdown() for k in drop), return_exceptions=True)
         with contextlib.suppress(Exception):
