@@ -121,6 +121,11 @@ class NotebookKernel:
         return self._closed
 
     @property
+    def restarting(self) -> bool:
+        """A restart this object asked for is under way (the next call waits for it)."""
+        return self._restarting is not None and not self._restarting.done()
+
+    @property
     def busy(self) -> bool:
         """A call holds the kernel (the caller's lock or a running cell)."""
         return self.lock.locked() or self._exec_lock.locked()

@@ -76,6 +76,8 @@ class SharedKernels:
         if renewed and await self._db(self.map.replace, key[1], was, now_id):
             self.mapped[key] = now_id
             row = await self._db(self.map.get, key[1])
+        if row is not None and row.kernel == now_id and cached.usable and cached.restarting:
+            return cached  # restarting in place after a timeout or crash: the call waits
         if row is not None and row.kernel == now_id and cached.usable and await cached.is_alive():
             if await self._still_there(cached):
                 await self._touch(row.kernel, row.last_used)
