@@ -69,6 +69,16 @@ def holders(cluster: Cluster) -> dict[str, tuple[str | None, str | None]]:
     return {r[0]: (r[1], r[2]) for r in rows}
 
 
+async def every_replica_has_a_spare(cluster: Cluster) -> dict[str, tuple[str | None, str | None]]:
+    deadline = time.monotonic() + 60
+    while True:
+        rows = holders(cluster)
+        if len({holder for handle, holder in rows.values() if handle is None}) == 3:
+            return rows
+        assert time.monotonic() < deadline, rows
+        await asyncio.sleep(0.2)
+
+
 def heartbeats(cluster: Cluster) -> dict[str, float]:
     with psycopg.connect(cluster.state_url) as conn:
         return dict(conn.execute("SELECT id, seen FROM replicas").fetchall())
@@ -122,7 +132,7 @@ async def test_variables_survive_a_replica_sigkilled_mid_run_and_its_spare_is_st
         handle = first["notebook"]
         for k in range(1, 25):
             if k == 8:
-                kernels_before = holders(cluster)
+                kernels_before = await every_replica_has_a_spare(cluster)
                 await asyncio.to_thread(victim.kill)
                 killed_at = time.monotonic()
             code = f"state[{k}] = {k} * {k}\nresult = sorted(state)"

@@ -85,7 +85,10 @@ class SharedKernels:
             await self._db(self.map.forget, row.kernel)  # gone: the next kernel replaces it
         self.pool._forget(cached)
         self.mapped.pop(key, None)
-        await cached.detach()
+        if now_id not in (None, was):  # a kernel the gateway started in place of a dead one
+            await cached.shutdown()  # that lost its notebook meanwhile: nobody else has it
+        else:
+            await cached.detach()
         return None
 
     async def _still_there(self, kernel: NotebookKernel) -> bool:
