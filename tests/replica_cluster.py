@@ -126,16 +126,18 @@ class Cluster:
         self.count = replicas
         self.extra_env = extra_env or {}
         self.replicas: list[Replica] = []
+        self.state_url = ""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Cluster:
         try:
             self.pg = PgServer.start()
+            self.state_url = create_database(self.pg)
             env = {
                 "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                 "HOME": os.environ.get("HOME", "/root"),
-                "DATAREF_STATE__URL": create_database(self.pg),
+                "DATAREF_STATE__URL": self.state_url,
                 "DATAREF_STATE__POOL_SIZE": "6",  # x3 replicas: within max_connections
                 "DATAREF_STORE__BLOBS": self.blobs,
                 "DATAREF_AUTH__TOKENS": json.dumps(self.tokens),

@@ -7,6 +7,8 @@ processes with real sandboxed kernels, real MCP clients over HTTP through the ba
 Kernels here are each replica's own (no kernel gateway in this deployment): a notebook's
 variables live in the replica that ran its last call, so the sessions below pass data from
 call to call by dataRef, as agents do, and the transcript notes each change of kernel.
+tests/test_replicas_gateway.py runs the same deployment with its kernels on a Kernel Gateway,
+where variables follow the notebook from replica to replica.
 """
 
 from __future__ import annotations

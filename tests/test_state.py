@@ -50,9 +50,9 @@ def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
                     tuple(r) for r in cur.execute("SELECT * FROM schema_migrations").fetchall()
                 }
         expected = {("artifacts", 1), ("links", 1), ("page", 1)}
-        expected |= {("notebooks", v) for v in (1, 2, 3)}
+        expected |= {("notebooks", v) for v in (1, 2, 3, 4)}
         assert rows == expected
-        assert len(STEPS["notebooks"]) == 3
+        assert len(STEPS["notebooks"]) == 4
         a.state.ping()
     finally:
         a.close()
@@ -285,22 +285,38 @@ def test_the_kernel_map_gives_a_notebook_to_one_kernel_when_replicas_race(tmp_pa
     try:
         handle = a.transcripts.new("alice")
         maps = [KernelMap(a.state.notebooks_db), KernelMap(b.state.notebooks_db)]
-        current = maps[0].get(handle)  # the creating server's own kernels, until claimed
-        assert current == a.transcripts.kernel
+        assert maps[0].get(handle) is None  # no shared kernel until one is claimed
+        for i in range(8):
+            maps[i % 2].add_spare(f"k{i}", holder=f"replica{i % 2}")
         with ThreadPoolExecutor(8) as pool:
-            wins = list(
-                pool.map(
-                    lambda i: maps[i % 2].claim(handle, f"gw:{i}", replacing=current), range(8)
-                )
-            )
-        assert wins.count(True) == 1
-        winner = f"gw:{wins.index(True)}"
-        assert maps[1].get(handle) == winner
-        maps[0].forget(handle, "gw:other")  # a stale forget changes nothing
-        assert maps[1].get(handle) == winner
-        maps[1].forget(handle, winner)
+            won = list(pool.map(lambda i: maps[i % 2].claim(handle, f"k{i}"), range(8)))
+        assert len(set(won)) == 1  # every claimant was told the one winner
+        winner = won[0]
+        assert maps[1].get(handle).kernel == winner
+        assert maps[0].replace(handle, "k-other", "k-new") is False  # a stale replace
+        assert maps[0].replace(handle, winner, "k-renewed")
+        maps[1].forget("k-other")  # a stale forget changes nothing
+        assert maps[0].get(handle).kernel == "k-renewed"
+        assert maps[1].reset(handle) == "k-renewed"
         assert maps[0].get(handle) is None
-        assert maps[0].claim(handle, "gw:new", replacing=None)
+        assert maps[0].claim(handle, "k-new") == "k-new"
+    finally:
+        a.close()
+        b.close()
+
+
+def test_spares_of_a_replica_without_heartbeat_are_orphans(tmp_path, state_url):
+    from dataref.state.kernel_map import KernelMap
+
+    a, b = two_replicas(tmp_path, state_url)
+    try:
+        kernel_map = KernelMap(a.state.notebooks_db)
+        kernel_map.heartbeat("alive")
+        kernel_map.add_spare("mine", holder="alive")
+        kernel_map.add_spare("theirs", holder="dead")
+        assert kernel_map.orphans() == ["theirs"]
+        assert KernelMap(b.state.notebooks_db).leave("other") is True  # "alive" still is
+        assert kernel_map.leave("alive") is False  # the last one
     finally:
         a.close()
         b.close()

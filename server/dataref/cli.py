@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from .config import Settings, load_settings
 
@@ -124,7 +127,6 @@ def page_command(settings: Settings, args: argparse.Namespace) -> int:
 
 def serve(settings: Settings, *, http: bool, host: str | None, port: int | None) -> int:
     from .app import create_app
-    from .edge import http_middleware
     from .logs import configure_logging
 
     configure_logging(settings)
@@ -146,6 +148,21 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
             file=sys.stderr,
         )
     mcp = create_app(settings, "http")
+    # uvicorn re-raises a SIGTERM once it has stopped serving, before the app's lifespan
+    # ends: unwinding from here closes the workspace (kernels, transcripts) first.
+    signal.signal(signal.SIGTERM, _unwind)
+    with contextlib.suppress(KeyboardInterrupt):
+        _run_http(mcp, settings, host, port)
+    return 0
+
+
+def _unwind(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _run_http(mcp: Any, settings: Settings, host: str | None, port: int | None) -> None:
+    from .edge import http_middleware
+
     mcp.run(
         transport="http",
         host=host or settings.server.host,
@@ -158,7 +175,6 @@ def serve(settings: Settings, *, http: bool, host: str | None, port: int | None)
         # Shared state (replicas): no call may need the process that answered the last one.
         stateless_http=settings.state.url is not None or None,
     )
-    return 0
 
 
 def kernelspec_install(args: argparse.Namespace) -> int:

@@ -55,7 +55,12 @@ class Transcripts:
     value per instance: a new server process has new kernels."""
 
     def __init__(
-        self, root: Path, *, db: Database | None = None, kernel: str | None = None
+        self,
+        root: Path,
+        *,
+        db: Database | None = None,
+        kernel: str | None = None,
+        shared_kernels: bool = False,
     ) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -64,7 +69,11 @@ class Transcripts:
         self._own_db = db is None
         self._db = db or sqlite_db(self.root / "notebooks.sqlite", "notebooks")
         self.journal = Journal(self.root, self._db, refresh_sources, _notebook_metadata)
-        self.kernel = kernel or f"server:{secrets.token_hex(8)}"
+        # Kernels every replica reaches (a gateway): the kernel map says where a notebook's
+        # variables are (None here); else this process's own kernels are.
+        self.kernel: str | None = None
+        if not shared_kernels:
+            self.kernel = kernel or f"server:{secrets.token_hex(8)}"
         # Called with a handle after each write (the page's live feed listens here).
         self.listeners: list[Callable[[str], None]] = []
         # Notebooks stored as documents before the journal are taken in; documents a crash

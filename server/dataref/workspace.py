@@ -38,7 +38,11 @@ class Workspace:
             blob_store=state.artifact_blobs,
             shared=state.shared,
         )
-        self.transcripts = Transcripts(settings.state_dir / "notebooks", db=state.notebooks_db)
+        self.transcripts = Transcripts(
+            settings.state_dir / "notebooks",
+            db=state.notebooks_db,
+            shared_kernels=bool(settings.kernels.gateway_url),  # the kernel map says where
+        )
         self.downloads = Downloads(
             settings.state_dir / "exports", db=state.links_db, blobs=state.export_blobs
         )
@@ -57,7 +61,7 @@ class Workspace:
         if kernels:
             from .kernels import KernelPool
 
-            pool = KernelPool(self.settings)
+            pool = KernelPool(self.settings, state=self.state)
             try:
                 await pool.start()
             except ComputeError as exc:

@@ -92,6 +92,7 @@ def command(kind: str, port: int) -> list[str]:
             "--KernelGatewayApp.ip=127.0.0.1",
             f"--KernelGatewayApp.port={port}",
             "--KernelGatewayApp.max_kernels=12",
+            "--JupyterWebsocketPersonality.list_kernels=True",  # tests count what is left
             "--KernelGatewayApp.default_kernel_name=dataref",
             "--KernelGatewayApp.kernel_websocket_connection_class=kg_nodelay.NoDelayConnection",
             "--ZMQChannelsWebsocketConnection.iopub_data_rate_limit=0",

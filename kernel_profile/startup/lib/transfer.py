@@ -8,6 +8,7 @@ treats everything sent from here as untrusted and checks sizes itself.
 Requests (comm_msg data; each answered before the kernel goes idle):
   {"op": "put", "ref", "offset", "total"} + one buffer   a chunk of an Arrow IPC file
   {"op": "commit", "refs": [...]}                        -> {"ok": true} or {"error"}
+  {"op": "staged"}                                       -> {"refs": [...]} (tables held)
   {"op": "read", "cell", "file", "max", "chunk"}         -> {"size"}, then {"offset"} + buffer...
   {"op": "remove", "cell"}                               the cell's files are deleted; no reply
 Each cell also starts by deleting the files of earlier cells (which the server has read).
@@ -90,6 +91,8 @@ def install(shell, staged, out_root, np, pa):
                     return
                 if op == "commit":
                     reply = commit(data)
+                elif op == "staged":  # a server attaching to this kernel asks what it holds
+                    reply = {"refs": sorted(staged)}
                 elif op == "read":
                     reply = read(comm, data)
                 else:

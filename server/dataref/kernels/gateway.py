@@ -282,7 +282,10 @@ class GatewayChannels:
             self.dead = True
             for queue in self._waiters.values():
                 queue.put_nowait(None)
-        parent = (msg.get("parent_header") or {}).get("msg_id")
+        parent_header = msg.get("parent_header") or {}
+        if parent_header.get("session") not in (None, "", self.session):
+            return  # another replica's traffic on a shared kernel (its outputs, its comm)
+        parent = parent_header.get("msg_id")
         waiter = self._waiters.get(parent) if parent else None
         if waiter is not None:
             waiter.put_nowait(msg)

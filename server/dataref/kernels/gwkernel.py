@@ -28,8 +28,13 @@ SPARE_USERNAME = "dataref"  # KERNEL_USERNAME of a warm spare, which has no owne
 BRIDGE_TIMEOUT_S = 300.0
 
 
+class KernelGone(ComputeError):
+    """The gateway no longer has the kernel (deleted, culled, or the gateway restarted)."""
+
+
 class GatewayBackend:
     name = "gateway"
+    shared = True  # every replica reaches every kernel: the pool uses the kernel map
 
     def __init__(self, settings: Settings) -> None:
         k = settings.kernels
@@ -51,6 +56,21 @@ class GatewayBackend:
     def new_process(self, owner: str | None) -> GatewayProcess:
         return GatewayProcess(self, owner)
 
+    def attach(self, gateway_id: str) -> GatewayProcess:
+        """A process for a kernel already running on the gateway (started by any replica);
+        ``start()`` connects to it, or raises KernelGone."""
+        process = GatewayProcess(self, None)
+        process.gateway_id = gateway_id
+        process.attaching = True
+        return process
+
+    async def delete(self, gateway_id: str) -> None:
+        """Shut a kernel down by its gateway id (one this replica is not connected to)."""
+        try:
+            await self.client.delete_kernel(gateway_id)
+        except ComputeError:
+            log.warning("kernel %s could not be deleted on the gateway", gateway_id)
+
     async def close(self) -> None:
         await self.client.close()
 
@@ -71,15 +91,44 @@ class GatewayProcess:
         self._comm_id = ""
         self._staged: set[str] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.attaching = False  # start() connects to the running kernel ``gateway_id``
 
     @property
     def channels(self) -> GatewayChannels | None:
         return self._channels
 
+    async def exists(self) -> bool:
+        """The gateway still has this kernel (one GET)."""
+        if self.gateway_id is None:
+            return False
+        response = await self._client.request("GET", f"/api/kernels/{self.gateway_id}")
+        return response.status_code != 404
+
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        if self.attaching and self.gateway_id is not None:
+            if not await self.exists():
+                raise KernelGone(f"kernel {self.gateway_id} is gone from the gateway")
+            await self._connect()
+            await self._learn_staged()
+            return
         self.gateway_id = await self._client.start_kernel(self._backend.kernel_name, self._env)
         await self._connect()
+
+    async def _learn_staged(self) -> None:
+        """Attached to a kernel another replica fed: the kernel says which tables it holds
+        (it is the source of truth; a profile that cannot say gets them sent again)."""
+        try:
+            reply = await self._call({"op": "staged"}, timeout=30)
+        except ComputeError:
+            return
+        refs = reply.get("refs")
+        if isinstance(refs, list):
+            self._staged = {r for r in refs if isinstance(r, str)}
+
+    async def detach(self) -> None:
+        """Disconnect and leave the kernel running (other replicas serve its notebook)."""
+        await self._disconnect()
 
     async def _connect(self) -> None:
         assert self.gateway_id is not None

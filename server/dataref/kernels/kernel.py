@@ -51,6 +51,7 @@ class NotebookKernel:
         self._broken: str | None = None
         self._shutdown_task: asyncio.Future[None] | None = None
         self._on_closed = on_closed
+        self.detached = False  # closed by ``detach``: the process runs on for other replicas
 
     # Local-backend conveniences (its directories), for tests and diagnostics only.
     @property
@@ -93,13 +94,23 @@ class NotebookKernel:
             self._shutdown_task = asyncio.ensure_future(self._shutdown())
         await asyncio.shield(self._shutdown_task)
 
+    async def detach(self) -> None:
+        """Let go of a kernel other replicas serve (a backend whose kernels they all reach):
+        disconnect and forget it here, leave the process running."""
+        if self._shutdown_task is None:
+            self.detached = True
+        await self.shutdown()
+
     async def _shutdown(self) -> None:
         if self._restarting is not None and not self._restarting.done():
             self._restarting.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._restarting
         try:
-            await self.process.shutdown()
+            if self.detached:
+                await self.process.detach()  # type: ignore[attr-defined]
+            else:
+                await self.process.shutdown()
         except Exception:
             log.warning("kernel %s did not shut down cleanly", self.kernel_id, exc_info=True)
         if self._on_closed is not None:
@@ -108,6 +119,11 @@ class NotebookKernel:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def restarting(self) -> bool:
+        """A restart this object asked for is under way (the next call waits for it)."""
+        return self._restarting is not None and not self._restarting.done()
 
     @property
     def busy(self) -> bool:

@@ -4,6 +4,10 @@ A spare is started with no owner; the first notebook that needs a kernel takes i
 bound to that (owner, notebook) until it is reset, reaped or the server stops. A kernel is
 never handed back to the spares, so it is never reused by another owner. Spares do not count
 toward ``max_total``: that cap is on kernels bound to notebooks.
+
+With a backend whose kernels every replica reaches (a gateway) and the shared state, the
+notebook -> kernel map decides which kernel a notebook uses (``shared.py``); the caps count
+the kernels this replica is connected to.
 """
 
 from __future__ import annotations
@@ -12,11 +16,16 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from ..config import Settings
 from ..errors import ComputeError, DatarefError, LimitExceeded
 from .backend import KernelBackend
 from .kernel import NotebookKernel
+
+if TYPE_CHECKING:
+    from ..state import State
+    from .shared import SharedKernels
 
 log = logging.getLogger(__name__)
 
@@ -24,9 +33,20 @@ Key = tuple[str, str]
 
 
 class KernelPool:
-    def __init__(self, settings: Settings, backend: KernelBackend | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        backend: KernelBackend | None = None,
+        *,
+        state: State | None = None,
+    ) -> None:
         self.settings = settings
         self.backend = backend or make_backend(settings)
+        self.shared: SharedKernels | None = None
+        if state is not None and getattr(self.backend, "shared", False):
+            from .shared import SharedKernels
+
+            self.shared = SharedKernels(self, state)
         self._kernels: dict[Key, NotebookKernel] = {}
         self._starting: dict[Key, asyncio.Future[NotebookKernel]] = {}
         self._spares: list[NotebookKernel] = []
@@ -40,12 +60,14 @@ class KernelPool:
 
     async def start(self) -> None:
         await self.backend.start()
+        if self.shared is not None:
+            await self.shared.start()  # the heartbeat before any spare is listed
         self._started = True
         self._spawn(self._refill())
-        self._spawn(self._reap_forever())
+        self._spawn(self._reap_forever() if self.shared is None else self.shared.run_forever())
 
     async def close(self) -> None:
-        """Shut every kernel down; nothing is left running."""
+        """Shut every kernel down; nothing is left running (shared kernels: see shared.py)."""
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
@@ -53,7 +75,10 @@ class KernelPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         kernels = list(self._all)
-        await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
+        if self.shared is not None:
+            await self.shared.close(kernels, set(self._spares))
+        else:
+            await asyncio.gather(*(k.shutdown() for k in kernels), return_exceptions=True)
         self._kernels.clear()
         self._spares.clear()
         await self.backend.close()
@@ -73,6 +98,8 @@ class KernelPool:
             raise ComputeError(f"the kernel pool is {state} - try again once the server is up")
         key = (owner, notebook)
         existing = self._kernels.get(key)
+        if self.shared is not None:
+            existing = await self.shared.current(key, existing)
         if existing is not None:
             if existing.usable:
                 existing.last_used = time.monotonic()
@@ -95,7 +122,9 @@ class KernelPool:
             with contextlib.suppress(Exception):
                 await asyncio.shield(pending)
         kernel = self._kernels.pop(key, None)
-        if kernel is not None:
+        if self.shared is not None:
+            await self.shared.reset(key, kernel)
+        elif kernel is not None:
             await kernel.shutdown()
 
     def live(self) -> list[tuple[str, str]]:
@@ -139,11 +168,15 @@ class KernelPool:
 
     async def _assign(self, key: Key, pending: asyncio.Future[NotebookKernel]) -> None:
         try:
-            kernel = await self._take_spare() or await self._start_kernel(key[0])
+            kernel = await self.shared.attach(key) if self.shared is not None else None
+            if kernel is None:
+                kernel = await self._take_spare() or await self._start_kernel(key[0])
+                if self.shared is not None:
+                    kernel = await self.shared.claim(key, kernel)
             kernel.owner, kernel.notebook = key
             kernel.last_used = time.monotonic()
             if self._closed:
-                await kernel.shutdown()
+                await (kernel.detach() if self.shared is not None else kernel.shutdown())
                 raise ComputeError("the server is shutting down")
             self._kernels[key] = kernel
             pending.set_result(kernel)
@@ -204,11 +237,15 @@ class KernelPool:
                 "a kernel could not start - try again; if it keeps failing, the operator "
                 "should run `dataref doctor` and read the server log"
             ) from exc
+        if self.shared is not None:
+            await self.shared.started(kernel)
         return kernel
 
     def _closed_callback(self, kernel: NotebookKernel) -> None:
         self._all.discard(kernel)
         self._forget(kernel)
+        if self.shared is not None:
+            self.shared.closed(kernel)
 
     def _forget(self, kernel: NotebookKernel) -> None:
         if kernel.owner is not None and kernel.notebook is not None:

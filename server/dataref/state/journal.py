@@ -72,19 +72,28 @@ class Journal:
         return start + len(cells)
 
     def append(
-        self, handle: str, kernel: str, cells: Sequence[Any], note: Callable[[], Any]
+        self, handle: str, kernel: str | None, cells: Sequence[Any], note: Callable[[], Any]
     ) -> int:
         """Add ``cells`` after the notebook's last one (committed when this returns); returns
         the notebook's new length. When the last call was recorded by another kernel context
-        and the notebook has calls, ``note()`` goes first (the variables were cleared)."""
+        and the notebook has calls, ``note()`` goes first (the variables were cleared).
+
+        ``kernel`` None: the notebook's kernel is the one the kernel map names now (kernels
+        every replica reaches, ``kernel_map.py``); no mapped kernel leaves the context as it
+        was, and a context cleared by a reset (NULL) needs no note."""
         with self.db.tx(write=True) as cur:
             (before,) = cur.execute(
                 f"SELECT kernel FROM notebooks WHERE handle = ?{self._for_update}", (handle,)
             ).fetchone()
             count = self._count(cur, handle)
             added = list(cells)
-            if before != kernel:
-                if count > 2:  # more than the intro and setup: calls were recorded
+            mapped = kernel is None
+            if mapped:
+                row = cur.execute("SELECT id FROM kernels WHERE handle = ?", (handle,)).fetchone()
+                kernel = None if row is None else f"gw:{row[0]}"
+            if kernel is not None and before != kernel:
+                # more than the intro and setup: calls were recorded
+                if count > 2 and not (mapped and before is None):
                     added.insert(0, note())
                 cur.execute("UPDATE notebooks SET kernel = ? WHERE handle = ?", (kernel, handle))
             return self.insert(cur, handle, count, added)

@@ -168,6 +168,12 @@ class NotebookLocks:
                 else:
                     await asyncio.to_thread(held.release)
 
+    def free_here(self, key: str) -> bool:
+        """No call of this process holds or waits for ``key`` (a session-level PostgreSQL lock
+        is re-entrant, so its own holder must be asked here before trying it)."""
+        local = self._local.get(key)
+        return local is None or not local.locked()
+
     async def _acquire(self, key: str) -> Held:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -200,8 +206,13 @@ class Leadership:
     def __init__(self, locks: Any) -> None:
         self.locks = locks
         self._held: Any = None
+        self._mutex = threading.Lock()  # asked from worker threads by several sweepers
 
     def is_leader(self) -> bool:
+        with self._mutex:
+            return self._is_leader()
+
+    def _is_leader(self) -> bool:
         if self._held is not None and not self._alive():
             self._held = None
         if self._held is None:
@@ -224,8 +235,9 @@ class Leadership:
         return True
 
     def release(self) -> None:
-        if self._held is not None:
-            self._held.release()
-            self._held = None
+        with self._mutex:
+            if self._held is not None:
+                self._held.release()
+                self._held = None
         if isinstance(self.locks, PgLocks):
             self.locks.close()

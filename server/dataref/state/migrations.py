@@ -43,6 +43,11 @@ STEPS: dict[str, list[str]] = {
             handle TEXT NOT NULL, seq {int} NOT NULL, cell TEXT NOT NULL,
             PRIMARY KEY (handle, seq));
         ALTER TABLE notebooks ADD COLUMN materialised {int} NOT NULL DEFAULT 0""",
+        # Kernels every replica can reach (state/kernel_map.py): the notebook -> kernel map
+        # (handle set), the warm spares a replica started (holder set) and the replicas alive.
+        """CREATE TABLE kernels (
+            id TEXT PRIMARY KEY, handle TEXT UNIQUE, holder TEXT, last_used {real} NOT NULL);
+        CREATE TABLE replicas (id TEXT PRIMARY KEY, seen {real} NOT NULL)""",
     ],
     "links": [
         """CREATE TABLE IF NOT EXISTS links (
