@@ -81,11 +81,21 @@ def long_notebook_rows(v: View) -> list[list[str]]:
     if len(calls) < 40:
         return []
     early, late = calls[1:21], calls[-20:]
-    return [
+    pair = v.srv("dataref", "50k", "long_beside_short") or {}
+    rows = [
         ["one notebook: calls 2–21", *stat_cells(early), "–", "–", "", ""],
         [f"one notebook: calls {len(calls) - 19}–{len(calls)}", *stat_cells(late), "–", "–",
          "", f"{times(ratio(median(late), median(early)))} calls 2–21"],
     ]  # fmt: skip
+    if pair.get("long") and pair.get("short"):
+        ratio_text = f"{times(ratio(median(pair['long']), median(pair['short'])))} the 10-cell one"
+        rows += [
+            ["interleaved: a call on a 10-cell notebook", *stat_cells(pair["short"]),
+             "–", "–", "", ""],
+            [f"interleaved: a call on the {len(calls):,}-cell notebook", *stat_cells(pair["long"]),
+             "–", "–", "", ratio_text],
+        ]  # fmt: skip
+    return rows
 
 
 def profile_section(v: View) -> str:

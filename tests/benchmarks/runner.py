@@ -31,6 +31,7 @@ from .workloads import (
     bind_memory,
     compare_qoq,
     inproc_mmap_reads,
+    long_beside_short,
     long_notebook,
     side_by_side,
     staging,
@@ -109,7 +110,10 @@ async def extras(
             async def settle() -> None:
                 await asyncio.to_thread(wait_workers_idle, sampler.root, kernels)
 
-            out["long_notebook"] = await long_notebook(meter, LONG_NOTEBOOK_CALLS, settle)
+            out["long_notebook"], handle = await long_notebook(meter, LONG_NOTEBOOK_CALLS, settle)
+            log("dataref: the long notebook beside a 10-cell one, calls alternating")
+            kernels += 1  # the short notebook takes the spare, which is replaced again
+            out["long_beside_short"] = await long_beside_short(meter, handle, settle)
     if scale.label == "1M":
         log(f"{name}: staging a 1M x 10 artifact")
         out["staging"] = await staging(meter, STAGING["rows"], STAGING["cols"], STAGING["reps"])

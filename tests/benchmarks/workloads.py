@@ -158,7 +158,7 @@ def inproc_qoq(path: Path, reps: int) -> dict[str, list[float]]:
 
 async def long_notebook(
     meter: Meter, calls: int, settle: Callable[[], Awaitable[Any]] | None = None
-) -> list[float]:
+) -> tuple[list[float], str]:
     """``run_python("result = 1")`` ``calls`` times in a fresh notebook: does a call get slower
     as the notebook grows? (Each call adds a cell.) ``settle`` runs after the first call,
     which takes the warm spare: it waits for the replacement spare to be up and idle, so
@@ -167,9 +167,33 @@ async def long_notebook(
     if settle is not None:
         await settle()
     args = {"code": TRIVIAL_CODE, "notebook": first.data["notebook"]}
-    return [first.seconds] + [
+    times = [first.seconds] + [
         check(await meter.call("run_python", args)).seconds for _ in range(calls - 1)
     ]
+    return times, first.data["notebook"]
+
+
+async def long_beside_short(
+    meter: Meter,
+    long_handle: str,
+    settle: Callable[[], Awaitable[Any]],
+    rounds: int = 40,
+    short_cells: int = 10,
+) -> dict[str, list[float]]:
+    """Calls on the long notebook and on a new ``short_cells``-cell one, alternating, so both
+    see the same load: a burst on the machine during the long run's last calls cannot pass
+    for the notebook's length (the windows of 20 calls are a fifth of a second each)."""
+    first = check(await meter.call("run_python", {"code": TRIVIAL_CODE, "notebook": "new"}))
+    await settle()
+    short = {"code": TRIVIAL_CODE, "notebook": first.data["notebook"]}
+    for _ in range(short_cells - 1):
+        check(await meter.call("run_python", short))
+    long = {"code": TRIVIAL_CODE, "notebook": long_handle}
+    out: dict[str, list[float]] = {"long": [], "short": []}
+    for _ in range(rounds):
+        out["long"].append(check(await meter.call("run_python", long)).seconds)
+        out["short"].append(check(await meter.call("run_python", short)).seconds)
+    return out
 
 
 # What a kernel reports about itself: peak and current RSS (KiB) and, given a ref, the size
