@@ -10,6 +10,7 @@ leaves the notebooks' kernels serving until the last one stops: then nothing is 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterator
 
@@ -20,9 +21,10 @@ import pytest
 from fastmcp import Client
 from nbclient import NotebookClient
 
+from dataref.walkthrough import QOQ_CODE, WORST_CODE
 from tests.kernel_support import require_bwrap
 from tests.replica_cluster import Cluster
-from tests.test_replicas import call, download, env_base
+from tests.test_replicas import call, download, env_base, local_result
 
 OWNERS = [f"owner{i}" for i in range(8)]
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob", **{f"tok-{o}": o for o in OWNERS}}
@@ -90,10 +92,21 @@ def step(k: int) -> str:
     return f"# step {k}\ntotal += {k}\nseen.append({k})\nresult = [total, len(seen)]"
 
 
-async def test_a_chain_keeps_its_variables_across_all_replicas_and_replays(cluster):
+async def test_the_article_and_a_chain_on_variables_are_exact_across_replicas_and_replay(cluster):
     before = cluster.requests_per_replica()
     async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
         sales = await call(alice, "fetch_sales", {"since": "2025-01-01"})
+        # the article's session first: exact results, a chart by reference
+        qoq = await call(
+            alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}}
+        )
+        assert qoq["ok"], qoq
+        assert qoq["result"] == local_result(cluster, QOQ_CODE, sales=sales["dataRef"])
+        qoq_ref = qoq["outputs"]["qoq"]["dataRef"]
+        worst = await call(alice, "run_python", {"code": WORST_CODE, "inputs": {"qoq": qoq_ref}})
+        assert worst["ok"] and worst["result"] == local_result(cluster, WORST_CODE, qoq=qoq_ref)
+        chart = await call(alice, "render_chart", {"dataRef": qoq_ref, "x": "line", "y": "delta"})
+        assert download(cluster, chart["url"], "tok-alice").content.startswith(b"\x89PNG")
         code = "total = 0\nseen = []\nbig = sales.revenue.max()\nresult = [total, len(seen)]"
         out = await call(alice, "run_python", {"code": code, "inputs": {"sales": sales["dataRef"]}})
         assert out["ok"] and out["result"] == [0, 0], out
@@ -122,6 +135,7 @@ async def test_a_chain_keeps_its_variables_across_all_replicas_and_replays(clust
     ]
     last = CHAIN - 1
     assert shown[-2].replace(" ", "").replace("\n", "") == f"[{last * CHAIN // 2},{last}]"
+    assert json.loads(shown[0]) == qoq["result"] and json.loads(shown[1]) == worst["result"]
 
 
 async def owner_counts(cluster: Cluster, owner: str) -> list[str]:
