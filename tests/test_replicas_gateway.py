@@ -147,8 +147,6 @@ async def owner_counts(cluster: Cluster, owner: str) -> list[str]:
             out = await call(client, "run_python", {"code": f"# call {k}\nn += 1\nresult = n"})
             assert out["ok"] and out["result"] == k, (owner, k, out)
         exported = await call(client, "export_notebook", {})
-        # the gateway's kernel limit is shared with the tests after this one
-        await call(client, "reset_kernel", {})
     nb = nbformat.reads(download(cluster, exported["url"], f"tok-{owner}").text, as_version=4)
     assert "restart" not in [c.metadata.get("dataref", {}).get("tool") for c in nb.cells]
     return [c.source for c in nb.cells if c.cell_type == "code" and "n += 1" in c.source]
