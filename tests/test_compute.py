@@ -19,9 +19,9 @@ from fastmcp.exceptions import ToolError
 from fastmcp.utilities.tests import asgi_server
 
 from dataref.app import create_app
+from dataref.artifact import frame_to_table
 from dataref.kernels.uids import processes
 from dataref.producers import ProducerContext, registry
-from dataref.store import frame_to_table
 from dataref.walkthrough import QOQ_CODE
 
 from .conftest import BACKENDS, backend_settings, make_settings

@@ -21,11 +21,11 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
 from . import charts
+from .artifact import Artifact
 from .describe import describe
 from .downloads import Link
 from .errors import InvalidRequest, StorageError, unknown_ref
 from .png import PNG_MAGIC, shrink_png
-from .store import Artifact
 from .transcript import record_chart
 
 if TYPE_CHECKING:

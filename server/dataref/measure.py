@@ -10,8 +10,8 @@ from typing import Any
 
 from mcp.types import CallToolResult, ReadResourceResult, TextContent
 
+from .artifact import REF_PATTERN
 from .ledger import Sizes
-from .store import REF_PATTERN
 
 REF_KEYS = ("dataRef", "chartRef")
 

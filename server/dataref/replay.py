@@ -19,9 +19,9 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from .artifact import frame_to_table
 from .config import Settings, load_settings, local_user
 from .errors import InvalidRequest, NotFound
-from .store import frame_to_table
 
 _state: dict[str, Any] = {}
 

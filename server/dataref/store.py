@@ -17,88 +17,25 @@ import contextlib
 import errno
 import json
 import os
-import re
-import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
+from .artifact import REF_PATTERN, Artifact, frame_to_table, new_ref
 from .config import StoreSettings
-from .errors import InvalidRequest, LimitExceeded, human_bytes, unknown_ref
+from .errors import LimitExceeded, human_bytes, unknown_ref
 from .files import part_name, remove_stale_parts, storage_error
 from .state import sqlite_db
 from .state.blobs import BlobStore, FileBlobs
 from .state.db import Cursor, Database
 from .writeback import Writeback
 
-REF_BYTES = 16  # 128 random bits; SPEC asks for at least 96
-# What a ref we minted looks like; anything else is unknown without asking the database
-# (which also keeps lone surrogates and NUL bytes away from SQLite).
-REF_PATTERN = re.compile(r"(data|chart)_[A-Za-z0-9_-]{16,64}")
-
 # Shared blobs may be mid-commit on another replica: only orphans older than this go.
 SHARED_ORPHAN_GRACE_S = 3600.0
-
-
-def new_ref(prefix: str = "data") -> str:
-    return f"{prefix}_{secrets.token_urlsafe(REF_BYTES)}"
-
-
-@dataclass(frozen=True)
-class Artifact:
-    ref: str
-    owner: str
-    kind: str  # "table" | "chart"
-    media_type: str
-    file: str  # the blob's key
-    rows: int | None
-    bytes: int
-    created: float
-    expires: float
-    sensitive: bool
-    lineage: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
-    blobs: Any = field(default=None, repr=False, compare=False)
-
-    @property
-    def path(self) -> Path:
-        """A local file with the bytes (on S3: the replica's cached copy, fetched once)."""
-        try:
-            return self.blobs.local_path(self.file)
-        except FileNotFoundError:
-            raise unknown_ref(self.ref) from None
-
-    def summary(self) -> dict[str, Any]:
-        """The compact listing entry (list_artifacts)."""
-        out: dict[str, Any] = {"ref": self.ref, "kind": self.kind}
-        if self.rows is not None:
-            out["rows"] = self.rows
-        out["origin"] = self.lineage.get("tool")
-        out["created"] = _iso(self.created)
-        out["expires"] = _iso(self.expires)
-        return out
-
-
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
-
-
-def frame_to_table(frame: pd.DataFrame) -> pa.Table:
-    """Arrow table of a DataFrame; a meaningful index becomes columns so nothing is lost."""
-    if not isinstance(frame.index, pd.RangeIndex) or frame.index.name is not None:
-        frame = frame.reset_index()
-    try:
-        return pa.Table.from_pandas(frame, preserve_index=False)
-    except (pa.ArrowException, TypeError, ValueError) as exc:
-        raise InvalidRequest(
-            f"cannot store this DataFrame ({type(exc).__name__}: {str(exc)[:200]}) - "
-            "convert mixed-type object columns with .astype(str) first"
-        ) from exc
 
 
 class ArtifactStore:

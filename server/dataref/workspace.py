@@ -13,6 +13,7 @@ import sys
 import time
 from typing import Any
 
+from .artifact import frame_to_table
 from .config import Settings
 from .describe import describe, describe_columns
 from .downloads import Downloads
@@ -22,7 +23,7 @@ from .ledger import SQLiteLedger
 from .producers import Batches, ProducerContext, ProducerRegistry, load_producers
 from .shown import Shown
 from .state import open_state
-from .store import ArtifactStore, frame_to_table
+from .store import ArtifactStore
 from .transcript import Transcripts, record_producer
 
 
