@@ -72,6 +72,21 @@ def download(cluster: Cluster, url: str, token: str) -> httpx2.Response:
     )
 
 
+async def article_session(cluster: Cluster, alice: Client) -> tuple[dict, dict, dict]:
+    """The article's fetch, QoQ, worst line and chart through the balancer, each result
+    checked against the same code run here; returns (sales, qoq, worst)."""
+    sales = await call(alice, "fetch_sales", {"since": "2025-01-01"})
+    qoq = await call(alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}})
+    assert qoq["ok"], qoq
+    assert qoq["result"] == local_result(cluster, QOQ_CODE, sales=sales["dataRef"])
+    qoq_ref = qoq["outputs"]["qoq"]["dataRef"]
+    worst = await call(alice, "run_python", {"code": WORST_CODE, "inputs": {"qoq": qoq_ref}})
+    assert worst["ok"] and worst["result"] == local_result(cluster, WORST_CODE, qoq=qoq_ref)
+    chart = await call(alice, "render_chart", {"dataRef": qoq_ref, "x": "line", "y": "delta"})
+    assert download(cluster, chart["url"], "tok-alice").content.startswith(b"\x89PNG")
+    return sales, qoq, worst
+
+
 STEP = """\
 # step {k}
 outputs["t"] = t.assign(n=t.n + {k})
@@ -82,17 +97,7 @@ result = int(outputs["t"].n.sum())
 async def test_the_article_and_a_20_call_chain_are_exact_across_replicas(cluster):
     before = cluster.requests_per_replica()
     async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
-        sales = await call(alice, "fetch_sales", {"since": "2025-01-01"})
-        qoq = await call(
-            alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}}
-        )
-        assert qoq["ok"], qoq
-        assert qoq["result"] == local_result(cluster, QOQ_CODE, sales=sales["dataRef"])
-        qoq_ref = qoq["outputs"]["qoq"]["dataRef"]
-        worst = await call(alice, "run_python", {"code": WORST_CODE, "inputs": {"qoq": qoq_ref}})
-        assert worst["ok"] and worst["result"] == local_result(cluster, WORST_CODE, qoq=qoq_ref)
-        chart = await call(alice, "render_chart", {"dataRef": qoq_ref, "x": "line", "y": "delta"})
-        assert download(cluster, chart["url"], "tok-alice").content.startswith(b"\x89PNG")
+        _, qoq, worst = await article_session(cluster, alice)
         start = "import pandas as pd\noutputs['t'] = pd.DataFrame({'n': range(10)})\nresult = 45"
         step = await call(alice, "run_python", {"code": start})
         for k in range(1, 20):

@@ -21,10 +21,9 @@ import pytest
 from fastmcp import Client
 from nbclient import NotebookClient
 
-from dataref.walkthrough import QOQ_CODE, WORST_CODE
 from tests.kernel_support import require_bwrap
 from tests.replica_cluster import Cluster
-from tests.test_replicas import call, download, env_base, local_result
+from tests.test_replicas import article_session, call, download, env_base
 
 TOKENS = {"tok-alice": "alice", "tok-bob": "bob"}
 CHAIN = 20
@@ -93,18 +92,8 @@ def step(k: int) -> str:
 async def test_the_article_and_a_chain_on_variables_are_exact_across_replicas_and_replay(cluster):
     before = cluster.requests_per_replica()
     async with Client(f"{cluster.url}/mcp", auth="tok-alice") as alice:
-        sales = await call(alice, "fetch_sales", {"since": "2025-01-01"})
         # the article's session first: exact results, a chart by reference
-        qoq = await call(
-            alice, "run_python", {"code": QOQ_CODE, "inputs": {"sales": sales["dataRef"]}}
-        )
-        assert qoq["ok"], qoq
-        assert qoq["result"] == local_result(cluster, QOQ_CODE, sales=sales["dataRef"])
-        qoq_ref = qoq["outputs"]["qoq"]["dataRef"]
-        worst = await call(alice, "run_python", {"code": WORST_CODE, "inputs": {"qoq": qoq_ref}})
-        assert worst["ok"] and worst["result"] == local_result(cluster, WORST_CODE, qoq=qoq_ref)
-        chart = await call(alice, "render_chart", {"dataRef": qoq_ref, "x": "line", "y": "delta"})
-        assert download(cluster, chart["url"], "tok-alice").content.startswith(b"\x89PNG")
+        sales, qoq, worst = await article_session(cluster, alice)
         code = "total = 0\nseen = []\nbig = sales.revenue.max()\nresult = [total, len(seen)]"
         out = await call(alice, "run_python", {"code": code, "inputs": {"sales": sales["dataRef"]}})
         assert out["ok"] and out["result"] == [0, 0], out
