@@ -13,6 +13,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from dataref.kernels.sandbox import MALLOC_TUNABLES
+
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.33.0"  # an API version the manifests promise to work with
@@ -54,6 +56,14 @@ def test_the_kernel_pod_has_no_token_a_read_only_root_and_limits():
     assert container["workingDir"] == "/sandbox"
     assert all("hostPath" not in v for v in spec["volumes"])
     assert pod["metadata"]["labels"]["component"] == "kernel"
+
+
+def test_the_kernel_pod_keeps_freed_memory_as_a_local_kernel_does():
+    [container] = kernel_pod()["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["GLIBC_TUNABLES"] == MALLOC_TUNABLES
+    assert env["ARROW_DEFAULT_MEMORY_POOL"] == "system"
+    assert env["MALLOC_ARENA_MAX"] == "2"
 
 
 def test_kernel_pods_may_reach_only_the_gateways_response_port():

@@ -178,6 +178,19 @@ def test_link_into_exposes_the_same_file_without_copying(store, tmp_path):
         store.link_into("bob", art.ref, inputs)
 
 
+def test_a_table_is_written_as_one_batch_so_numeric_columns_map_without_copying(store):
+    # A table made of chunks (as a producer's string column often is) is joined first.
+    chunked = pa.chunked_array([pa.array(["x"] * 1000)] * 3)
+    table = pa.table({"n": pa.array(range(3000)), "s": chunked})
+    art = store.put_table("alice", table, lineage={})
+    with pa.memory_map(str(art.path)) as source:
+        reader = pa.ipc.open_file(source)
+        assert reader.num_record_batches == 1
+        frame = reader.read_all().to_pandas(split_blocks=True)
+        assert not frame["n"].to_numpy().flags.writeable  # a view of the mapped file
+    assert frame.equals(table.to_pandas())
+
+
 def test_charts_are_stored_as_bytes_with_their_own_prefix(store):
     art = store.put_bytes(
         "alice", b"\x89PNG...", kind="chart", media_type="image/png", suffix=".png", lineage={}

@@ -32,7 +32,7 @@ from .files import part_name, remove_stale_parts, storage_error
 from .state import sqlite_db
 from .state.blobs import BlobStore, FileBlobs
 from .state.db import Cursor, Database
-from .writeback import Writeback
+from .writeback import PacedSink, Writeback
 
 # Shared blobs may be mid-commit on another replica: only orphans older than this go.
 SHARED_ORPHAN_GRACE_S = 3600.0
@@ -86,10 +86,10 @@ class ArtifactStore:
         self._check_cap(table.nbytes)
 
         def write(f: Any, flush: Writeback) -> None:
-            with pa.ipc.new_file(f, table.schema) as writer:
-                for batch in table.to_batches(max_chunksize=1 << 20):
-                    writer.write_batch(batch)
-                    flush.progress()
+            # One record batch: a kernel binds its numeric columns as views of the mapped
+            # file, where a column split over batches must first be joined into fresh memory.
+            with pa.ipc.new_file(PacedSink(flush), table.schema) as writer:
+                writer.write_table(table.combine_chunks())
 
         return self._commit(
             owner,

@@ -67,3 +67,28 @@ class Writeback:
         os.fsync(self.f.fileno())
         if self._error is not None:
             raise self._error
+
+
+class PacedSink:
+    """``f`` for a writer that writes large pieces at once (Arrow's IPC writer writes a whole
+    column buffer per call): ``progress()`` runs after every write, so the background flushes
+    still start every ``every`` bytes rather than once at the end."""
+
+    def __init__(self, flush: Writeback) -> None:
+        self._flush = flush
+        self._f = flush.f
+
+    @property
+    def closed(self) -> bool:
+        return self._f.closed
+
+    def write(self, data: bytes) -> int:
+        written = self._f.write(data)
+        self._flush.progress()
+        return written
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def flush(self) -> None:
+        self._f.flush()

@@ -9,11 +9,13 @@ session faulted all of it in again.
 
 How: the sandbox starts the kernel with ``GLIBC_TUNABLES`` (``MALLOC_TUNABLES`` in
 dataref.kernels.sandbox) that serve every allocation from the heap and never trim it on
-free(), so the next call reuses the pages; and this module's thread calls ``malloc_trim(0)``
-once the kernel has been idle for ``IDLE_SECONDS``, so a kernel left alone returns what it no
-longer uses. Peak memory is
-unchanged (the same allocations, reused); a kernel's footprint stays bounded by its
-RLIMIT_AS, which the server's memory budget already reserves in full.
+free(), so the next call reuses the pages, and with ``ARROW_DEFAULT_MEMORY_POOL=system``,
+which sends Arrow's allocations (a column with nulls converted for pandas, say) to that same
+heap: Arrow's default pool, mimalloc, hands freed pages back within milliseconds. This
+module's thread calls ``malloc_trim(0)`` once the kernel has been idle for ``IDLE_SECONDS``,
+so a kernel left alone returns what it no longer uses. Peak memory is unchanged (the same
+allocations, reused); a kernel's footprint stays bounded by its RLIMIT_AS, which the
+server's memory budget already reserves in full.
 
 Loaded by 00-dataref.py by path (like convert.py).
 """

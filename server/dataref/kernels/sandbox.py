@@ -316,6 +316,7 @@ def kernel_env(box: KernelBox, runtime: Runtime) -> dict[str, str]:
         # RLIMIT_AS counts address space: glibc reserves 64 MiB per malloc arena
         "MALLOC_ARENA_MAX": "2",
         "GLIBC_TUNABLES": MALLOC_TUNABLES,
+        "ARROW_DEFAULT_MEMORY_POOL": "system",
         "OMP_NUM_THREADS": "1",
         "OPENBLAS_NUM_THREADS": "1",
         "MKL_NUM_THREADS": "1",
