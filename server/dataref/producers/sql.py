@@ -13,7 +13,6 @@ from ..config import SourceSettings
 from ..errors import AccessDenied, InvalidRequest
 from . import ProducerContext, producer
 from .rows import Batches
-from .sqlcheck import check_select
 
 
 class SourceUnavailable(AccessDenied, InvalidRequest):
@@ -74,6 +73,8 @@ def fetch_sql(ctx: ProducerContext, query: str, source: str | None = None) -> Ba
     """One read-only SELECT/WITH on a SQLite, PostgreSQL or DuckDB source, in its dialect.
     list_sources shows your sources and tables; source defaults to "demo".
     Row cap and statement timeout apply; aggregate in SQL when you can."""
+    from .sqlcheck import check_select  # sqlglot (9 MiB) loads with the first query
+
     name, settings = resolve_source(ctx, source)
     ctx.use_source(name)
     sql = check_select(query, settings.kind or "sqlite")
