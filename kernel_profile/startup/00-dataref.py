@@ -77,16 +77,17 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
 
     def load(source):
         """The input as a DataFrame without copying it: memory-mapped (or the buffer a gateway
-        kernel received), one block per column
-        (``split_blocks``), so numeric columns of a one-batch file stay read-only views of the
-        mapping and strings stay Arrow-backed (a file of several batches - the store writes
-        1M-row batches - has each numeric column joined once into one array). Same dtypes and
-        values as a plain ``to_pandas()``, but binding 5M rows adds about the Arrow size to the
-        kernel instead of twice that. The agent only ever gets shallow copies of this
-        pristine frame, and it stays alive (``pinned``) as long as any frame sharing its data
-        does, so pandas' copy-on-write always sees a reference and copies a column before the
-        agent's code writes to it: writes never hit the read-only mapping, even in a frame
-        kept after its name was bound to something else."""
+        kernel received), one block per column (``split_blocks``), so numeric columns without
+        nulls of a one-batch file (the store writes a frame as one batch) stay read-only views
+        of the mapping and strings stay Arrow-backed; a column with nulls is copied (NaN fills
+        them), and a file of several batches (a streamed SQL result) has each numeric column
+        joined once into one array. Same dtypes and values as a plain ``to_pandas()``, but
+        binding 5M rows of the benchmark's table adds half its Arrow size to the kernel, not
+        twice it. The agent only ever gets shallow copies of this pristine frame, and it
+        stays alive (``pinned``) as long as any frame sharing its data does, so pandas'
+        copy-on-write always sees a reference and copies a column before the agent's code
+        writes to it: writes never hit the read-only mapping, even in a frame kept after its
+        name was bound to something else."""
         if isinstance(source, pa.Buffer):
             source = pa.BufferReader(source)
         return pa.ipc.open_file(source).read_all().to_pandas(split_blocks=True)

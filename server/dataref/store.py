@@ -86,10 +86,13 @@ class ArtifactStore:
         self._check_cap(table.nbytes)
 
         def write(f: Any, flush: Writeback) -> None:
-            # One record batch: a kernel binds its numeric columns as views of the mapped
-            # file, where a column split over batches must first be joined into fresh memory.
+            # A batch per run of whole chunks, never a join (that would copy the table here):
+            # a DataFrame's columns are one chunk each, so its file is one batch, and a
+            # kernel binds its numeric columns as views of the mapped file instead of
+            # joining a column's pieces into fresh memory.
             with pa.ipc.new_file(PacedSink(flush), table.schema) as writer:
-                writer.write_table(table.combine_chunks())
+                for batch in table.to_batches():
+                    writer.write_batch(batch)
 
         return self._commit(
             owner,

@@ -226,8 +226,11 @@ async def bench_5m(keep: bool) -> str:
         else:
             shutil.rmtree(work, ignore_errors=True)
     view = View({"servers": {"dataref": {"5M": result}}})
-    staged = [f"{x * 1000:.0f} ms" for x in result["session"]["step_seconds"]["qoq"]]
-    lines = [f"QoQ call of each session (it stages the input): {', '.join(staged)}"]
+    steps = result["session"]["step_seconds"]
+    lines = [
+        f"{name} call of each session{why}: {', '.join(f'{x * 1000:.0f} ms' for x in steps[name])}"
+        for name, why in (("fetch", ""), ("qoq", " (it stages the input)"))
+    ]
     for verdict in (compute_5m(view), bind_memory(view)):
         lines.append(f"{verdict.target}: {verdict.measured} ({verdict.passed})")
     return "\n".join(lines)

@@ -22,7 +22,7 @@ CACHE_ENV = "DATAREF_BENCH_CACHE"
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CACHE = REPO_ROOT / ".state" / "bench-cache"
 # Bump when a generator changes: old cache files are then ignored.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: one record batch, as the store writes a frame
 
 
 def cache_dir(default: Path | None = None) -> Path:
@@ -36,7 +36,7 @@ def _write_atomic(path: Path, table: pa.Table) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".part-", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f, pa.ipc.new_file(f, table.schema) as writer:
-            writer.write_table(table, max_chunksize=1 << 20)
+            writer.write_table(table)
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
