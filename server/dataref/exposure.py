@@ -76,6 +76,14 @@ class Exposure:
         self.ledger = ledger
         self.store = store
 
+    def has_budgets(self) -> bool:
+        """Whether any source has a daily budget: only then can a call be refused up front."""
+        sources = self.settings.sources.values()
+        demo = self.settings.demo
+        return any(s.model_bytes_per_day is not None for s in sources) or (
+            demo.enabled and demo.model_bytes_per_day is not None
+        )
+
     # -- attribution ---------------------------------------------------------------------
 
     def sources_of(self, owner: str, refs: Iterable[str]) -> set[str]:
