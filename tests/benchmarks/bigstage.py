@@ -10,6 +10,12 @@ see the same load on a shared machine; medians are printed. Writes nothing in th
 sessions, the bind-memory probe, the bound QoQ calls alternating with the in-process runs)
 and prints the two 5M targets as the report computes them.
 
+``--held`` runs the in-process floor as a notebook does it, in child processes of its own:
+each round loads a fresh copy of the table and runs the code while the previous round's
+variables are still alive (as the agent's ``q`` keeps the previous input alive in a kernel),
+once with the default allocator and once with the kernel's (``MALLOC_TUNABLES``, Arrow on the
+system heap).
+
 ``--spans`` also hooks the kernel's cell events (a call of its own, before the rounds) and
 prints where a staged call's time goes: server before the kernel sees the cell, binding,
 the code, collecting (the output artifact), and server after the reply.
@@ -236,6 +242,55 @@ async def bench_5m(keep: bool) -> str:
     return "\n".join(lines)
 
 
+def held_child(path: Path, reps: int) -> list[dict[str, float]]:
+    """Rounds of: a fresh copy of ``path`` loaded as a kernel loads it, then the QoQ code,
+    with the previous round's namespace alive until this one has run."""
+    import pyarrow as pa
+
+    previous: dict[str, Any] = {}
+    out = []
+    for rep in range(reps):
+        copy = path.with_name(f".held-{rep}-{path.name}")
+        shutil.copyfile(path, copy)  # a new file, as a fetch writes a new artifact
+        try:
+            started = time.perf_counter()
+            frame = (
+                pa.ipc.open_file(pa.memory_map(str(copy))).read_all().to_pandas(split_blocks=True)
+            )
+            loaded = time.perf_counter()
+            namespace: dict[str, Any] = {"sales": frame, "outputs": {}}
+            exec(QOQ_CODE, namespace)
+            out.append({"load": loaded - started, "first": time.perf_counter() - loaded})
+            previous, frame = namespace, None  # the previous round's variables go only now
+        finally:
+            copy.unlink()
+    del previous
+    return out
+
+
+def held(reps: int) -> str:
+    import os
+    import subprocess
+    import sys
+
+    from dataref.kernels.sandbox import MALLOC_TUNABLES
+
+    path = sales_path(ROWS)
+    kernel_env = {"GLIBC_TUNABLES": MALLOC_TUNABLES, "ARROW_DEFAULT_MEMORY_POOL": "system"}
+    lines = []
+    for name, extra in (("default allocator", {}), ("kernel's allocator", kernel_env)):
+        argv = [sys.executable, "-m", "tests.benchmarks.bigstage", "--held-child", str(path)]
+        run = subprocess.run(
+            [*argv, "--reps", str(reps)], env={**os.environ, **extra},
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        rounds = json.loads(run.stdout)
+        firsts = ", ".join(f"{r['first'] * 1000:.0f}" for r in rounds)
+        loads = ", ".join(f"{r['load'] * 1000:.0f}" for r in rounds)
+        lines.append(f"{name}: first runs {firsts} ms (loads {loads} ms)")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.benchmarks.bigstage", description=__doc__
@@ -251,7 +306,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the raw numbers here")
     parser.add_argument("--bench", action="store_true", help="the 5M part of `make bench`")
+    parser.add_argument("--held", action="store_true", help="in-process, previous round alive")
+    parser.add_argument("--held-child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.held_child:
+        print(json.dumps(held_child(args.held_child, args.reps)))
+        return 0
+    if args.held:
+        print(held(args.reps))
+        return 0
     if args.bench:
         print(asyncio.run(bench_5m(args.keep)))
         return 0
