@@ -13,7 +13,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dataref.kernels.sandbox import MALLOC_TUNABLES
+from dataref.kernels.bwrap import MALLOC_TUNABLES
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy" / "kubernetes"

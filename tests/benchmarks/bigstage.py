@@ -273,7 +273,7 @@ def held(reps: int) -> str:
     import subprocess
     import sys
 
-    from dataref.kernels.sandbox import MALLOC_TUNABLES
+    from dataref.kernels.bwrap import MALLOC_TUNABLES
 
     path = sales_path(ROWS)
     kernel_env = {"GLIBC_TUNABLES": MALLOC_TUNABLES, "ARROW_DEFAULT_MEMORY_POOL": "system"}

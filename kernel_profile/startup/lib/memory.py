@@ -8,7 +8,7 @@ block over 32 MB back to the system on free() (mmap/munmap), so every call of an
 session faulted all of it in again.
 
 How: the sandbox starts the kernel with ``GLIBC_TUNABLES`` (``MALLOC_TUNABLES`` in
-dataref.kernels.sandbox) that serve every allocation from the heap and never trim it on
+dataref.kernels.bwrap) that serve every allocation from the heap and never trim it on
 free(), so the next call reuses the pages, and with ``ARROW_DEFAULT_MEMORY_POOL=system``,
 which sends Arrow's allocations (a column with nulls converted for pandas, say) to that same
 heap: Arrow's default pool, mimalloc, hands freed pages back within milliseconds. This

@@ -9,7 +9,8 @@ gwkernel.py   the gateway backend: kernels on Kernel Gateway / Enterprise Gatewa
 gateway.py    the gateway's REST + WebSocket client
 kernelspec.py the `dataref` kernelspec a gateway launches (the local sandbox, relayed)
 manager.py    the jupyter_client KernelManager that launches inside the sandbox
-sandbox.py    directories, modes and the bubblewrap command line (uid mode)
+sandbox.py    a kernel's directories, identity and mode
+bwrap.py      the bubblewrap command line (uid mode) and the kernel's environment
 userns.py     the command line of userns mode (a server that is not root)
 landlock.py   the Landlock launcher (ctypes, run inside the sandbox before ipykernel)
 seccomp.py    the seccomp filter bwrap loads

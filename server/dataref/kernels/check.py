@@ -13,16 +13,13 @@ from pathlib import Path
 
 from ..config import Settings
 from .budget import MemoryBudget
+from .bwrap import BWRAP, PRLIMIT, SETPRIV, bwrap_argv
 from .cgroups import detect_delegation, kernel_cgroups
 from .hostcheck import missing_for_userns
 from .sandbox import (
-    BWRAP,
-    PRLIMIT,
-    SETPRIV,
     SOCKET_PATH_MAX,
     UID_INSIDE,
     KernelBox,
-    bwrap_argv,
     detect_runtime,
     profile_startup_dir,
     resolve_mode,

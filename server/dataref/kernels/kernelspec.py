@@ -5,7 +5,7 @@
 
 1. a KernelBox and a host uid of its own (uids are claimed with lock files, so the launchers
    of one gateway host never share one), the seccomp filter;
-2. the kernel starts through ``sandbox.bwrap_argv`` with the same profile and limits as a local
+2. the kernel starts through ``bwrap.bwrap_argv`` with the same profile and limits as a local
    kernel, bound to ipc sockets in its private run dir: the kernel has no network at all;
 3. this launcher, outside the sandbox, binds the TCP ports the gateway chose and relays each
    channel to the kernel's sockets (zmq proxies; messages stay signed end to end);
@@ -35,7 +35,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ..config import Settings, load_settings
-from .sandbox import KernelBox, bwrap_argv, detect_runtime, ipykernel_argv, remove_stale_boxes
+from .bwrap import bwrap_argv, ipykernel_argv
+from .sandbox import KernelBox, detect_runtime, remove_stale_boxes
 from .uids import _is_account, is_socket_of, processes
 
 CHANNELS = ("shell", "iopub", "stdin", "control", "hb")

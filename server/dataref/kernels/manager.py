@@ -19,8 +19,9 @@ from jupyter_client.ioloop import AsyncIOLoopKernelManager
 from jupyter_client.kernelspec import KernelSpec
 
 from ..config import Settings
+from .bwrap import bwrap_argv, ipykernel_argv, kernel_env
 from .cgroups import kernel_cgroups
-from .sandbox import KernelBox, Runtime, bwrap_argv, ipykernel_argv, kernel_env
+from .sandbox import KernelBox, Runtime
 from .uids import is_socket_of
 
 # bwrap and sh get only this; the kernel's own environment is set inside (--clearenv)

@@ -6,7 +6,7 @@
          namespace, so a fork bomb in one kernel cannot starve the user's other processes)
       -> python -I landlock.py (where the Linux kernel has Landlock) -> ipykernel
 
-What the kernel sees is the same as in uid mode (``sandbox.view_args``): the runtime and the
+What the kernel sees is the same as in uid mode (``bwrap.view_args``): the runtime and the
 venv read-only, /sandbox, /tmp and /dev/shm as sized tmpfs, its inputs read-only, its run dir.
 Nothing of the user's home is bound except the venv (and this package's startup profile and
 Landlock launcher, read-only) when they live there. Inside, the kernel is uid 1000 of its own
@@ -23,18 +23,9 @@ from pathlib import Path
 from ..config import Settings
 from . import landlock
 from .budget import kernel_footprint
+from .bwrap import BWRAP, limits_argv, namespace_args, view_args
 from .cgroups import kernel_cgroups
-from .sandbox import (
-    BWRAP,
-    SANDBOX,
-    UID_INSIDE,
-    VENV_INSIDE,
-    KernelBox,
-    Runtime,
-    limits_argv,
-    namespace_args,
-    view_args,
-)
+from .sandbox import SANDBOX, UID_INSIDE, VENV_INSIDE, KernelBox, Runtime
 
 LANDLOCK_INSIDE = "/opt/dataref/landlock.py"
 log = logging.getLogger(__name__)
