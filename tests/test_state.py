@@ -7,10 +7,12 @@ notebook, one leader sweeps, and a process killed while holding a lock loses it.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import os
 import signal
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,18 +33,25 @@ def state_url(engine, request) -> str | None:
     return request.getfixturevalue("pg_url") if engine == "postgresql" else None
 
 
-def two_replicas(tmp_path: Path, url: str | None, blobs: str | None = None):
+@contextlib.contextmanager
+def two_replicas(
+    tmp_path: Path, url: str | None, blobs: str | None = None
+) -> Iterator[tuple[Replica, Replica]]:
     # SQLite is one machine: both share the state dir. PostgreSQL: each has its own.
     first = tmp_path / "a"
     second = first if url is None else tmp_path / "b"
     if blobs is None and url is not None:
         blobs = (tmp_path / "shared").as_uri()
-    return Replica(settings_for(first, url, blobs)), Replica(settings_for(second, url, blobs))
+    a, b = Replica(settings_for(first, url, blobs)), Replica(settings_for(second, url, blobs))
+    try:
+        yield a, b
+    finally:
+        a.close()
+        b.close()
 
 
 def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
-    a, b = two_replicas(tmp_path, state_url)
-    try:
+    with two_replicas(tmp_path, state_url) as (a, _b):  # _b: a second opening applies nothing
         rows = set()
         for db in a.state.databases():  # four SQLite files, or one PostgreSQL database
             with db.tx() as cur:
@@ -54,14 +63,10 @@ def test_migrations_are_applied_once_and_recorded(tmp_path, state_url):
         assert rows == expected
         assert len(STEPS["notebooks"]) == 4
         a.state.ping()
-    finally:
-        a.close()
-        b.close()
 
 
 def test_what_one_replica_commits_the_other_reads(tmp_path, state_url):
-    a, b = two_replicas(tmp_path, state_url)
-    try:
+    with two_replicas(tmp_path, state_url) as (a, b):
         art = a.store.put_frame("alice", FRAME, lineage={"tool": "t"})
         assert b.store.read_frame("alice", art.ref).equals(FRAME)
         assert [x.ref for x in b.store.list("alice")] == [art.ref]
@@ -92,9 +97,6 @@ def test_what_one_replica_commits_the_other_reads(tmp_path, state_url):
         assert dropped.ref == art.ref
         with pytest.raises(NotFound):
             a.store.get("alice", art.ref)
-    finally:
-        a.close()
-        b.close()
 
 
 # -- across processes ----------------------------------------------------------------------
@@ -127,8 +129,7 @@ def test_a_page_session_and_what_a_call_showed_are_seen_by_every_replica(tmp_pat
     from dataref.shown import Shown
     from dataref.web.sessions import Sessions
 
-    a, b = two_replicas(tmp_path, state_url)
-    try:
+    with two_replicas(tmp_path, state_url) as (a, b):
         on_a, on_b = Sessions(a.state.page_db, 60), Sessions(b.state.page_db, 60)
         cookie = on_a.create("alice")
         assert on_b.get(cookie).owner == "alice"  # signed in on one, known on the other
@@ -139,9 +140,6 @@ def test_a_page_session_and_what_a_call_showed_are_seen_by_every_replica(tmp_pat
         seen = Shown(b.state.page_db).of_notebook("alice", "nb")
         assert [body["result"] for _, body in seen] == [1, 2]
         assert Shown(a.state.page_db).of_notebook("bob", "nb") == []
-    finally:
-        a.close()
-        b.close()
 
 
 def test_the_owner_quota_holds_across_processes_writing_at_once(tmp_path, state_url):
@@ -258,8 +256,7 @@ def test_the_default_notebook_is_made_once_when_replicas_race(tmp_path, state_ur
 
 
 def test_shared_blobs_orphans_go_only_after_their_grace(tmp_path, pg_url):
-    a, b = two_replicas(tmp_path, pg_url)
-    try:
+    with two_replicas(tmp_path, pg_url) as (a, b):
         orphan = a.store.blob_store.root / "data_orphan.arrow"
         orphan.write_bytes(b"a write another replica has not committed yet")
         a.store.sweep()
@@ -271,9 +268,6 @@ def test_shared_blobs_orphans_go_only_after_their_grace(tmp_path, pg_url):
         b.store.sweep()
         assert not orphan.exists()
         assert a.store.read_frame("alice", live.ref).equals(FRAME)
-    finally:
-        a.close()
-        b.close()
 
 
 def test_the_kernel_map_gives_a_notebook_to_one_kernel_when_replicas_race(tmp_path, state_url):
@@ -281,8 +275,7 @@ def test_the_kernel_map_gives_a_notebook_to_one_kernel_when_replicas_race(tmp_pa
 
     from dataref.state.kernel_map import KernelMap
 
-    a, b = two_replicas(tmp_path, state_url)
-    try:
+    with two_replicas(tmp_path, state_url) as (a, b):
         handle = a.transcripts.new("alice")
         maps = [KernelMap(a.state.notebooks_db), KernelMap(b.state.notebooks_db)]
         assert maps[0].get(handle) is None  # no shared kernel until one is claimed
@@ -300,16 +293,12 @@ def test_the_kernel_map_gives_a_notebook_to_one_kernel_when_replicas_race(tmp_pa
         assert maps[1].reset(handle) == "k-renewed"
         assert maps[0].get(handle) is None
         assert maps[0].claim(handle, "k-new") == "k-new"
-    finally:
-        a.close()
-        b.close()
 
 
 def test_spares_of_a_replica_without_heartbeat_are_orphans(tmp_path, state_url):
     from dataref.state.kernel_map import KernelMap
 
-    a, b = two_replicas(tmp_path, state_url)
-    try:
+    with two_replicas(tmp_path, state_url) as (a, b):
         kernel_map = KernelMap(a.state.notebooks_db)
         kernel_map.heartbeat("alive")
         kernel_map.add_spare("mine", holder="alive")
@@ -317,6 +306,3 @@ def test_spares_of_a_replica_without_heartbeat_are_orphans(tmp_path, state_url):
         assert kernel_map.orphans() == ["theirs"]
         assert KernelMap(b.state.notebooks_db).leave("other") is True  # "alive" still is
         assert kernel_map.leave("alive") is False  # the last one
-    finally:
-        a.close()
-        b.close()
