@@ -42,6 +42,15 @@ async def cell(
     return result, manifest(result)
 
 
+async def with_reply(
+    kernel: NotebookKernel, cell_id: str, code: str, **expressions: str
+) -> ExecutionResult:
+    """``code`` as the server runs it: the manifest asked for in the execute reply."""
+    code = "# dataref:" + json.dumps({"cell": cell_id, "bind": {}, "reply": True}) + "\n" + code
+    asked = {"manifest": "__dataref_manifest__()", **expressions}
+    return await kernel.execute(code, timeout_s=30, user_expressions=asked)
+
+
 def read(kernel: NotebookKernel, man: dict, name: str) -> pd.DataFrame:
     with kernel.open_output(man["cell"], f"{name}.arrow", 10**8) as f:
         return pa.ipc.open_file(pa.BufferReader(f.read())).read_all().to_pandas()
@@ -114,12 +123,7 @@ async def test_an_input_nothing_uses_any_more_is_unmapped(kernel: NotebookKernel
 async def test_a_successful_cell_returns_its_manifest_in_the_execute_reply(
     kernel: NotebookKernel,
 ) -> None:
-    code = "# dataref:" + json.dumps({"cell": "inreply", "bind": {}, "reply": True})
-    result = await kernel.execute(
-        code + "\nresult = 41 + 1",
-        timeout_s=30,
-        user_expressions={"manifest": "__dataref_manifest__()"},
-    )
+    result = await with_reply(kernel, "inreply", "result = 41 + 1")
     assert result.status == "ok" and result.displays == []
     reply = result.user_expressions["manifest"]
     assert reply["status"] == "ok"
@@ -130,12 +134,7 @@ async def test_a_successful_cell_returns_its_manifest_in_the_execute_reply(
 async def test_other_user_expressions_are_still_formatted_by_ipython(
     kernel: NotebookKernel,
 ) -> None:
-    code = "# dataref:" + json.dumps({"cell": "besides", "bind": {}, "reply": True})
-    result = await kernel.execute(
-        code + "\nresult = 1",
-        timeout_s=30,
-        user_expressions={"manifest": "__dataref_manifest__()", "other": "41 + 1"},
-    )
+    result = await with_reply(kernel, "besides", "result = 1", other="41 + 1")
     other = result.user_expressions["other"]
     assert other["status"] == "ok" and other["data"]["text/plain"] == "42"
     manifest_data = result.user_expressions["manifest"]["data"]
@@ -145,12 +144,8 @@ async def test_other_user_expressions_are_still_formatted_by_ipython(
 async def test_a_failed_cell_publishes_its_manifest_even_when_the_reply_was_asked(
     kernel: NotebookKernel,
 ) -> None:
-    code = "# dataref:" + json.dumps({"cell": "failed", "bind": {}, "reply": True})
-    result = await kernel.execute(
-        code + "\noutputs['t'] = __import__('pandas').DataFrame({'a': [1]})\n1 / 0",
-        timeout_s=30,
-        user_expressions={"manifest": "__dataref_manifest__()"},
-    )
+    code = "outputs['t'] = __import__('pandas').DataFrame({'a': [1]})\n1 / 0"
+    result = await with_reply(kernel, "failed", code)
     assert result.status == "error" and result.user_expressions == {}
     man = manifest(result)
     assert man["cell"] == "failed" and man["outputs"] == ["t"]
