@@ -32,7 +32,7 @@ from .files import part_name, remove_stale_parts, storage_error
 from .state import sqlite_db
 from .state.blobs import BlobStore, FileBlobs
 from .state.db import Cursor, Database
-from .writeback import PacedSink, Writeback
+from .writeback import Writeback
 
 # Shared blobs may be mid-commit on another replica: only orphans older than this go.
 SHARED_ORPHAN_GRACE_S = 3600.0
@@ -85,12 +85,12 @@ class ArtifactStore:
         # Refuse before writing when the in-memory size already tells the cap is exceeded.
         self._check_cap(table.nbytes)
 
-        def write(f: Any, flush: Writeback) -> None:
+        def write(f: Writeback) -> None:
             # A batch per run of whole chunks, never a join (that would copy the table here):
             # a DataFrame's columns are one chunk each, so its file is one batch, and a
             # kernel binds its numeric columns as views of the mapped file instead of
             # joining a column's pieces into fresh memory.
-            with pa.ipc.new_file(PacedSink(flush), table.schema) as writer:
+            with pa.ipc.new_file(f, table.schema) as writer:
                 for batch in table.to_batches():
                     writer.write_batch(batch)
 
@@ -120,14 +120,13 @@ class ArtifactStore:
         """
         rows = 0
 
-        def write(f: Any, flush: Writeback) -> None:
+        def write(f: Writeback) -> None:
             nonlocal rows
             with pa.ipc.new_file(f, schema) as writer:
                 for batch in batches:
                     writer.write_batch(batch)
                     rows += batch.num_rows
                     self._check_cap(f.tell())
-                    flush.progress()
 
         return self._commit(
             owner,
@@ -155,7 +154,7 @@ class ArtifactStore:
         self._check_cap(len(data))
         return self._commit(
             owner,
-            lambda f, _: f.write(data),
+            lambda f: f.write(data),
             kind=kind,
             media_type=media_type,
             suffix=suffix,
@@ -177,7 +176,7 @@ class ArtifactStore:
     def _commit(
         self,
         owner: str,
-        write: Callable[[Any, Writeback], Any],
+        write: Callable[[Writeback], Any],
         *,
         kind: str,
         media_type: str,
@@ -223,10 +222,10 @@ class ArtifactStore:
             with contextlib.suppress(FileNotFoundError):
                 part.unlink()
 
-    def _write_file(self, part: Path, write: Callable[[Any, Writeback], Any]) -> int:
-        with open(part, "wb") as f, Writeback(f) as flush:
-            write(f, flush)
-            flush.durable()
+    def _write_file(self, part: Path, write: Callable[[Writeback], Any]) -> int:
+        with open(part, "wb") as f, Writeback(f) as out:
+            write(out)
+            out.durable()
         # World-readable inside a 0700 store: only hard links in a kernel's inputs dir expose it.
         os.chmod(part, 0o644)
         return part.stat().st_size

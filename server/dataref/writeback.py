@@ -19,9 +19,11 @@ WRITEBACK_BYTES = 16 << 20
 
 
 class Writeback:
-    """Use as a context manager around writing ``f``; call ``progress()`` after writes and
-    ``durable()`` at the end. Leaving the block always waits for the flush in flight, so no
-    background ``fdatasync`` outlives the file's descriptor."""
+    """Use as a context manager around writing ``f``, and write through it: every ``write``
+    calls ``progress()`` (Arrow's IPC writer writes a whole column buffer per call, so a
+    flush can start in the middle of a batch); ``durable()`` at the end. Leaving the block
+    always waits for the flush in flight, so no background ``fdatasync`` outlives the file's
+    descriptor."""
 
     def __init__(self, f: BinaryIO, every: int = WRITEBACK_BYTES) -> None:
         self.f, self.every = f, every
@@ -36,6 +38,25 @@ class Writeback:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self._wait()
+
+    # -- the file-like side, for writers ----------------------------------------------------
+
+    @property
+    def closed(self) -> bool:
+        return self.f.closed
+
+    def write(self, data: bytes) -> int:
+        written = self.f.write(data)
+        self.progress()
+        return written
+
+    def tell(self) -> int:
+        return self.f.tell()
+
+    def flush(self) -> None:
+        self.f.flush()
+
+    # -- flushing --------------------------------------------------------------------------
 
     def progress(self) -> None:
         """Start a background flush when ``every`` new bytes were written and none runs."""
@@ -67,28 +88,3 @@ class Writeback:
         os.fsync(self.f.fileno())
         if self._error is not None:
             raise self._error
-
-
-class PacedSink:
-    """``f`` for a writer that writes large pieces at once (Arrow's IPC writer writes a whole
-    column buffer per call): ``progress()`` runs after every write, so the background flushes
-    still start every ``every`` bytes rather than once at the end."""
-
-    def __init__(self, flush: Writeback) -> None:
-        self._flush = flush
-        self._f = flush.f
-
-    @property
-    def closed(self) -> bool:
-        return self._f.closed
-
-    def write(self, data: bytes) -> int:
-        written = self._f.write(data)
-        self._flush.progress()
-        return written
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def flush(self) -> None:
-        self._f.flush()
