@@ -21,11 +21,13 @@ import hashlib
 import os
 import threading
 import weakref
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ..errors import ComputeError
+
+T = TypeVar("T")
 
 
 class LockTimeout(ComputeError):
@@ -163,10 +165,7 @@ class NotebookLocks:
             try:
                 yield
             finally:
-                if self.locks.inline:
-                    held.release()
-                else:
-                    await asyncio.to_thread(held.release)
+                await self._run(held.release)
 
     def free_here(self, key: str) -> bool:
         """No call of this process holds or waits for ``key`` (a session-level PostgreSQL lock
@@ -174,15 +173,16 @@ class NotebookLocks:
         local = self._local.get(key)
         return local is None or not local.locked()
 
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        """``call`` on the loop when the locks never wait (``inline``), else in a thread."""
+        return call(*args) if self.locks.inline else await asyncio.to_thread(call, *args)
+
     async def _acquire(self, key: str) -> Held:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
         delay = 0.02
         while True:
-            if self.locks.inline:
-                held = self.locks.try_acquire(key)
-            else:
-                held = await asyncio.to_thread(self.locks.try_acquire, key)
+            held = await self._run(self.locks.try_acquire, key)
             if held is not None:
                 return held
             if loop.time() >= deadline:
