@@ -93,6 +93,24 @@ async def test_inputs_are_views_of_the_mapping_not_copies(kernel: NotebookKernel
     assert result.stdout.split() == ["True", "True"], (result.error, result.stdout)
 
 
+async def test_a_float_column_with_nulls_is_a_view_when_nan_sits_under_them(
+    kernel: NotebookKernel,
+) -> None:
+    frame = pd.DataFrame({"price": [1.5, None, 2.0]})  # a frame stores NaN under its nulls
+    stage(kernel, "data_gappy", pa.Table.from_pandas(frame, preserve_index=False))
+    stage(kernel, "data_hidden", pa.table({"price": pa.array([1.5, None, 2.0])}))  # 0 under
+    writeable = "[b.values.flags.writeable for b in {}._mgr.blocks]"
+    result, _ = await cell(
+        kernel,
+        f"print({writeable.format('g')}, {writeable.format('h')})\n"
+        "print(g.price.isna().tolist() == h.price.isna().tolist() == [False, True, False])\n"
+        "g.loc[1, 'price'] = 3.0\nprint(g.price.tolist())",
+        {"g": "data_gappy", "h": "data_hidden"},
+    )
+    assert result.status == "ok", result.error
+    assert result.stdout.split("\n")[:3] == ["[False] [True]", "True", "[1.5, 3.0, 2.0]"]
+
+
 async def test_a_frame_kept_after_its_name_is_rebound_can_still_be_written(
     kernel: NotebookKernel,
 ) -> None:

@@ -57,6 +57,7 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
     shell = get_ipython()
     ns = shell.user_ns
     convert = load_convert(shell.profile_dir.startup_dir)
+    frames = load_convert(shell.profile_dir.startup_dir, "frames")
     inputs_dir = os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs")
     out_root = os.environ.get("DATAREF_OUTPUT_DIR", "/sandbox/.dataref/out")
     mime = "application/vnd.dataref.collect+json"
@@ -79,18 +80,20 @@ def _dataref_install(pd, pa, plt, load_convert):  # a closure: no helpers in the
         """The input as a DataFrame without copying it: memory-mapped (or the buffer a gateway
         kernel received), one block per column (``split_blocks``), so numeric columns without
         nulls of a one-batch file (the store writes a frame as one batch) stay read-only views
-        of the mapping and strings stay Arrow-backed; a column with nulls is copied (NaN fills
-        them), and a file of several batches (a streamed SQL result) has each numeric column
-        joined once into one array. Same dtypes and values as a plain ``to_pandas()``, but
-        binding 5M rows of the benchmark's table adds half its Arrow size to the kernel, not
-        twice it. The agent only ever gets shallow copies of this pristine frame, and it
-        stays alive (``pinned``) as long as any frame sharing its data does, so pandas'
-        copy-on-write always sees a reference and copies a column before the agent's code
-        writes to it: writes never hit the read-only mapping, even in a frame kept after its
-        name was bound to something else."""
+        of the mapping and strings stay Arrow-backed; a float column with nulls is a view too
+        when NaN already sits under its nulls (lib/frames.py), any other column with nulls is
+        copied (NaN fills them), and a file of several batches (a streamed SQL result) has each
+        numeric column joined once into one array. Same dtypes and values as a plain
+        ``to_pandas()``, but binding 5M rows of the benchmark's table adds a quarter of its
+        Arrow size to the kernel, not twice it. The agent only ever gets shallow copies of this
+        pristine frame, and it stays alive (``pinned``) as long as any frame sharing its data
+        does, so pandas' copy-on-write always sees a reference and copies a column before the
+        agent's code writes to it: writes never hit the read-only mapping, even in a frame kept
+        after its name was bound to something else."""
         if isinstance(source, pa.Buffer):
             source = pa.BufferReader(source)
-        return pa.ipc.open_file(source).read_all().to_pandas(split_blocks=True)
+        table = frames.nulls_as_nan(pa.ipc.open_file(source).read_all())
+        return table.to_pandas(split_blocks=True)
 
     def bind(name, ref):
         """Bind input ``ref`` as DataFrame ``name``; a name already bound to ref is kept."""
