@@ -24,11 +24,13 @@ def frames() -> ModuleType:
     return module
 
 
-def hiding(values: list[float], valid: list[bool], kind: pa.DataType = pa.float64()) -> pa.Array:
+def hiding(values: list[float], valid: list[bool]) -> pa.Array:
     """A float array whose null slots hold ``values`` (what a database driver may leave)."""
     bitmap = pa.array(valid).buffers()[1]
-    data = pa.array(values, kind).buffers()[1]
-    return pa.Array.from_buffers(kind, len(values), [bitmap, data], null_count=valid.count(False))
+    data = pa.array(values, pa.float64()).buffers()[1]
+    return pa.Array.from_buffers(
+        pa.float64(), len(values), [bitmap, data], null_count=valid.count(False)
+    )
 
 
 def same_frame(frames: ModuleType, table: pa.Table) -> pa.Table:
@@ -76,3 +78,21 @@ def test_slices_and_chunks_read_the_same(frames: ModuleType) -> None:
         assert same_frame(frames, table).column("v").null_count == 0
     mixed = pa.concat_tables([nan_under, zero_under])
     assert same_frame(frames, mixed).column("v").null_count == mixed.column("v").null_count
+
+
+def test_a_column_stored_with_a_pandas_dtype_of_its_own_keeps_its_bitmap(
+    frames: ModuleType,
+) -> None:
+    frame = pd.DataFrame(
+        {
+            "masked": pd.array([1.5, None, 2.0], dtype="Float64"),
+            "arrow": pd.array([1.5, None, 2.0], dtype="double[pyarrow]"),
+            "plain": [1.5, np.nan, 2.0],
+        }
+    )
+    table = pa.Table.from_pandas(frame, preserve_index=False)
+    nan_under = hiding([1.5, np.nan, 2.0], [True, False, True])
+    for index in (0, 1):  # NaN under their nulls too: it would read as a value, not as missing
+        table = table.set_column(index, table.field(index), pa.chunked_array([nan_under]))
+    read = same_frame(frames, table)
+    assert [read.column(c).null_count for c in read.column_names] == [1, 1, 0]

@@ -19,18 +19,27 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 FLOATS = (pa.float32(), pa.float64())
+NUMPY_FLOATS = ("float32", "float64")
 
 
 def nulls_as_nan(table):
     """``table`` with every float column whose nulls all hold NaN read without its bitmap."""
+    extension = _extension_columns(table.schema)
     for index, field in enumerate(table.schema):
         column = table.column(index)
-        if field.type not in FLOATS or column.null_count == 0:
+        if field.type not in FLOATS or column.null_count == 0 or field.name in extension:
             continue
         chunks = [_without_bitmap(chunk) for chunk in column.chunks]
         if all(chunk is not None for chunk in chunks):
             table = table.set_column(index, field, pa.chunked_array(chunks, field.type))
     return table
+
+
+def _extension_columns(schema):
+    """Columns a frame stored with a pandas dtype of its own (``Float64``, ``double[pyarrow]``):
+    ``to_pandas`` rebuilds those with pandas' missing-value marker from the bitmap, so it stays."""
+    columns = (schema.pandas_metadata or {}).get("columns", [])
+    return {c.get("field_name") for c in columns if c.get("numpy_type") not in NUMPY_FLOATS}
 
 
 def _without_bitmap(chunk):
