@@ -27,35 +27,76 @@ _FILE = re.compile(r"[A-Za-z0-9_\-]{1,64}\.(arrow|png)\Z")
 def install(shell, staged, out_root, np, pa):
     """Register the comm target. ``staged`` maps ref -> pyarrow.Buffer of a whole Arrow file;
     the profile's bind() reads from it before looking in the inputs dir."""
-    partial = {}  # ref -> [numpy uint8 array, bytes received]
+    transfer = Transfer(staged, out_root, np, pa)
+    shell.kernel.comm_manager.register_target(TARGET, transfer.open)
+    shell.events.register("pre_run_cell", transfer.clear_earlier_outputs)
 
-    def put(data, buffers):
+
+class Transfer:
+    def __init__(self, staged, out_root, np, pa):
+        self.staged = staged
+        self.out_root = out_root
+        self.np = np
+        self.pa = pa
+        self.partial = {}  # ref -> [numpy uint8 array, bytes received]
+
+    def open(self, comm, open_msg):
+        comm.on_msg(lambda msg: self.on_msg(comm, msg))
+
+    def on_msg(self, comm, msg):
+        data = msg["content"]["data"]
+        op = data.get("op")
+        try:
+            if op == "put":
+                self.put(data, msg.get("buffers") or [])
+                return
+            if op == "remove":  # no reply: the server does not wait for it
+                self.remove(data)
+                return
+            if op == "commit":
+                reply = self.commit(data)
+            elif op == "staged":  # a server attaching to this kernel asks what it holds
+                reply = {"refs": sorted(self.staged)}
+            elif op == "read":
+                reply = self.read(comm, data)
+            else:
+                reply = {"error": f"unknown op {op!r}"}
+        except FileNotFoundError:
+            reply = {"error": "missing"}
+        except Exception as exc:
+            if op == "put":
+                self.partial.pop(data.get("ref"), None)
+            reply = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
+        comm.send(reply)
+
+    def put(self, data, buffers):
+        np = self.np
         ref, total, offset = data["ref"], int(data["total"]), int(data["offset"])
         if not _TOKEN.match(ref) or total < 0 or not buffers:
             raise ValueError("bad put")
-        if ref not in partial:
-            partial[ref] = [np.empty(total, dtype=np.uint8), 0]  # not zeroed: every byte comes
-        target, _ = partial[ref]
+        if ref not in self.partial:  # not zeroed: every byte comes
+            self.partial[ref] = [np.empty(total, dtype=np.uint8), 0]
+        target, _ = self.partial[ref]
         chunk = np.frombuffer(buffers[0], dtype=np.uint8)
         if target.size != total or offset + chunk.size > total:
             raise ValueError(f"chunk of {ref} out of bounds")
         target[offset : offset + chunk.size] = chunk  # the one copy: frame -> assembled file
-        partial[ref][1] += chunk.size
+        self.partial[ref][1] += chunk.size
 
-    def commit(data):
+    def commit(self, data):
         for ref in data.get("refs", []):
-            entry = partial.pop(ref, None)
+            entry = self.partial.pop(ref, None)
             if entry is None or entry[1] != entry[0].size:
                 raise ValueError(f"{ref} arrived incomplete")
-            staged[ref] = pa.py_buffer(entry[0])  # zero-copy: Arrow reads the array itself
+            self.staged[ref] = self.pa.py_buffer(entry[0])  # zero-copy: Arrow reads the array
         return {"ok": True}
 
-    def read(comm, data):
+    def read(self, comm, data):
         cell, name = data["cell"], data["file"]
         limit, chunk = int(data["max"]), max(1 << 16, min(int(data["chunk"]), 4 << 20))
         if not _TOKEN.match(cell) or not _FILE.match(name):
             raise ValueError("bad output name")
-        path = os.path.join(out_root, cell, name)
+        path = os.path.join(self.out_root, cell, name)
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
         with os.fdopen(fd, "rb", buffering=0) as f:
             info = os.fstat(fd)
@@ -65,58 +106,23 @@ def install(shell, staged, out_root, np, pa):
                 return {"error": "too large", "size": info.st_size}
             comm.send({"size": info.st_size})
             offset = 0
-            while True:
-                block = f.read(chunk)
-                if not block:
-                    break
+            while block := f.read(chunk):
                 comm.send({"offset": offset}, buffers=[block])
                 offset += len(block)
         return {"done": offset}
 
-    def remove(data):
+    def remove(self, data):
         cell = data["cell"]
         if isinstance(cell, str) and _TOKEN.match(cell):
-            shutil.rmtree(os.path.join(out_root, cell), ignore_errors=True)
+            shutil.rmtree(os.path.join(self.out_root, cell), ignore_errors=True)
 
-    def target(comm, open_msg):
-        def on_msg(msg):
-            data = msg["content"]["data"]
-            op = data.get("op")
-            try:
-                if op == "put":
-                    put(data, msg.get("buffers") or [])
-                    return
-                if op == "remove":  # no reply: the server does not wait for it
-                    remove(data)
-                    return
-                if op == "commit":
-                    reply = commit(data)
-                elif op == "staged":  # a server attaching to this kernel asks what it holds
-                    reply = {"refs": sorted(staged)}
-                elif op == "read":
-                    reply = read(comm, data)
-                else:
-                    reply = {"error": f"unknown op {op!r}"}
-            except FileNotFoundError:
-                reply = {"error": "missing"}
-            except Exception as exc:
-                if op == "put":
-                    partial.pop(data.get("ref"), None)
-                reply = {"error": f"{type(exc).__name__}: {str(exc)[:200]}"}
-            comm.send(reply)
-
-        comm.on_msg(on_msg)
-
-    def clear_earlier_outputs(info):
+    def clear_earlier_outputs(self, info):
         """The server has read the last cell's files before it sends the next cell: remote
         servers need no round trip to delete them (a local server deletes them itself)."""
         try:
-            entries = list(os.scandir(out_root))
+            entries = list(os.scandir(self.out_root))
         except OSError:
             return
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
                 shutil.rmtree(entry.path, ignore_errors=True)
-
-    shell.kernel.comm_manager.register_target(TARGET, target)
-    shell.events.register("pre_run_cell", clear_earlier_outputs)
