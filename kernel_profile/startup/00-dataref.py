@@ -20,20 +20,14 @@ untrusted input.
 
 import matplotlib
 
-matplotlib.use("Agg")  # no display; figures are saved as PNGs by the collector
-
-import matplotlib.pyplot  # loaded now, so a warm kernel pays nothing later
-import numpy
-import pandas
-import pyarrow
-import pyarrow.ipc
+matplotlib.use("Agg")  # no display; before lib/collect.py loads pyplot (figures become PNGs)
 
 outputs = {}
 
 
-def _dataref_load_convert(startup_dir, name="convert"):
-    """lib/<name>.py next to this file, by path: shared with dataref.replay, and never
-    importable (or replaceable) through sys.path."""
+def _dataref_load(startup_dir, name):
+    """lib/<name>.py next to this file, by path (convert.py is shared with dataref.replay):
+    never importable (or replaceable) through sys.path."""
     import importlib.util
     import os
 
@@ -44,12 +38,13 @@ def _dataref_load_convert(startup_dir, name="convert"):
     return module
 
 
-def _dataref_install(load, np, pa):  # in a function: no helpers left in the agent's namespace
+def _dataref_install(load):  # in a function: no helpers are left in the agent's namespace
     """Each part is a module of lib/, loaded by path: inputs (binding stored tables),
     collect (outputs, figures, result: the manifest), protocol (the header and the manifest's
     way back), memory (the kept heap) and transfer (tables over the kernel's channel)."""
     import os
 
+    import pyarrow
     from IPython import get_ipython
 
     shell = get_ipython()
@@ -60,14 +55,16 @@ def _dataref_install(load, np, pa):  # in a function: no helpers left in the age
         os.environ.get("DATAREF_INPUTS_DIR", "/sandbox/inputs"),
         load(startup, "frames"),
     )
-    collector = load(startup, "collect").Collector(shell.user_ns, out_root, load(startup))
-    load(startup, "memory").install(shell, pa)
-    load(startup, "transfer").install(shell, inputs.staged, out_root, np, pa)
+    collector = load(startup, "collect").Collector(
+        shell.user_ns, out_root, load(startup, "convert")
+    )
+    load(startup, "memory").install(shell, pyarrow)
+    load(startup, "transfer").install(shell, inputs.staged, out_root)
     load(startup, "protocol").install(shell, inputs, collector)
 
 
-_dataref_install(_dataref_load_convert, numpy, pyarrow)
+_dataref_install(_dataref_load)
 # The kernel starts with python -P (its cwd is not on sys.path, so nothing planted in /sandbox
 # runs at startup); the agent's own modules in /sandbox stay importable, after the packages.
 __import__("sys").path.append("")
-del _dataref_install, _dataref_load_convert, matplotlib, numpy, pandas, pyarrow
+del _dataref_install, _dataref_load, matplotlib

@@ -19,25 +19,26 @@ import re
 import shutil
 import stat
 
+import numpy as np
+import pyarrow as pa
+
 TARGET = "dataref.transfer"
 _TOKEN = re.compile(r"[A-Za-z0-9_\-]{1,64}\Z")
 _FILE = re.compile(r"[A-Za-z0-9_\-]{1,64}\.(arrow|png)\Z")
 
 
-def install(shell, staged, out_root, np, pa):
+def install(shell, staged, out_root):
     """Register the comm target. ``staged`` maps ref -> pyarrow.Buffer of a whole Arrow file;
     the profile's bind() reads from it before looking in the inputs dir."""
-    transfer = Transfer(staged, out_root, np, pa)
+    transfer = Transfer(staged, out_root)
     shell.kernel.comm_manager.register_target(TARGET, transfer.open)
     shell.events.register("pre_run_cell", transfer.clear_earlier_outputs)
 
 
 class Transfer:
-    def __init__(self, staged, out_root, np, pa):
+    def __init__(self, staged, out_root):
         self.staged = staged
         self.out_root = out_root
-        self.np = np
-        self.pa = pa
         self.partial = {}  # ref -> [numpy uint8 array, bytes received]
 
     def open(self, comm, open_msg):
@@ -70,7 +71,6 @@ class Transfer:
         comm.send(reply)
 
     def put(self, data, buffers):
-        np = self.np
         ref, total, offset = data["ref"], int(data["total"]), int(data["offset"])
         if not _TOKEN.match(ref) or total < 0 or not buffers:
             raise ValueError("bad put")
@@ -88,7 +88,7 @@ class Transfer:
             entry = self.partial.pop(ref, None)
             if entry is None or entry[1] != entry[0].size:
                 raise ValueError(f"{ref} arrived incomplete")
-            self.staged[ref] = self.pa.py_buffer(entry[0])  # zero-copy: Arrow reads the array
+            self.staged[ref] = pa.py_buffer(entry[0])  # zero-copy: Arrow reads the array
         return {"ok": True}
 
     def read(self, comm, data):
