@@ -22,7 +22,7 @@ class Inputs:
         self.ns = ns
         self.inputs_dir = inputs_dir
         self.frames = frames  # lib/frames.py
-        self.bound = {}  # name -> (ref, pristine frame, weakref to the frame the agent got)
+        self.bound = {}  # name -> (ref, weakref to the frame the agent got)
         self.staged = {}  # ref -> pyarrow.Buffer
         self.pinned = {}  # ref -> its pristine frame, while any frame made from it lives
 
@@ -52,7 +52,7 @@ class Inputs:
         if not isinstance(ref, str) or not TOKEN.match(ref):
             raise ValueError(f"bad dataRef {ref!r}")
         known = self.bound.get(name)
-        if known is not None and known[0] == ref and self.ns.get(name) is known[2]():
+        if known is not None and known[0] == ref and self.ns.get(name) is known[1]():
             return
         path = os.path.join(self.inputs_dir, ref + ".arrow")
         source = self.staged.get(ref)
@@ -63,7 +63,7 @@ class Inputs:
             mapped = pa.memory_map(path) if source is None else source
             pristine = self.pinned[ref] = self.load(mapped)
         frame = pristine.copy(deep=False)
-        self.bound[name] = (ref, pristine, weakref.ref(frame))
+        self.bound[name] = (ref, weakref.ref(frame))  # pinned keeps its pristine frame
         self.ns[name] = frame
 
     def release(self):
